@@ -1,0 +1,3 @@
+fn main() {
+    pyo3_build_config::add_libpython_rpath_link_args();
+}

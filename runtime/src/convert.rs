@@ -1,0 +1,743 @@
+//! The one conversion layer between candle and Python, both ways.
+//!
+//! In: [`Arg`]s become Python values — tensors as read-only NumPy views of the candle storage
+//! (numpy mode) or as `pyop.Tensor`s wrapping the candle tensor itself (tensor mode).
+//! Out: whatever the body returned is checked against `tout` by one rule for every mode
+//! ([`outputs_from_python`]) and turned into candle tensors on the op's device.
+
+use std::ffi::c_void;
+
+use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor};
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::{numpy_can_hold, Mode, OutSpec};
+use crate::tensor::PyTensor;
+
+/// One argument of an op call, in declaration order. Plain values reach Python as `float`, `int`,
+/// `bool`, `str`, lists of them, or `None`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    Tensor(&'a Tensor),
+    Tensors(&'a [Tensor]),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+    Str(&'a str),
+    F64s(&'a [f64]),
+    I64s(&'a [i64]),
+    /// An absent `Option<…>`.
+    None,
+}
+
+impl<'a> From<&'a Tensor> for Arg<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Arg::Tensor(t)
+    }
+}
+impl<'a> From<&'a [Tensor]> for Arg<'a> {
+    fn from(t: &'a [Tensor]) -> Self {
+        Arg::Tensors(t)
+    }
+}
+impl From<f64> for Arg<'_> {
+    fn from(v: f64) -> Self {
+        Arg::F64(v)
+    }
+}
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::I64(v)
+    }
+}
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Str(v)
+    }
+}
+impl<'a> From<&'a [f64]> for Arg<'a> {
+    fn from(v: &'a [f64]) -> Self {
+        Arg::F64s(v)
+    }
+}
+impl<'a> From<&'a [i64]> for Arg<'a> {
+    fn from(v: &'a [i64]) -> Self {
+        Arg::I64s(v)
+    }
+}
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::None, Into::into)
+    }
+}
+
+impl<'a> Arg<'a> {
+    /// Calls `f` on every tensor of the argument.
+    pub(crate) fn for_each_tensor(&self, mut f: impl FnMut(&'a Tensor)) {
+        match self {
+            Arg::Tensor(t) => f(t),
+            Arg::Tensors(ts) => ts.iter().for_each(f),
+            _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In: candle → Python
+// ---------------------------------------------------------------------------------------------
+
+/// A tensor made ready for Python outside the GIL: on the CPU (numpy mode), snapshotted if it is
+/// a `Var` (so a concurrent `Var::set` is seen entirely or not at all), with its data pointer.
+pub(crate) struct Prepared {
+    pub tensor: Tensor,
+    /// Address of the first element, for NumPy views (numpy mode only).
+    data: usize,
+}
+
+/// Prepares every tensor of `args`, in order. Runs without the GIL: it may copy and lock.
+pub(crate) fn prepare_inputs(op: &str, mode: Mode, args: &[Arg<'_>]) -> Result<Vec<Prepared>> {
+    let mut out = Vec::new();
+    let mut err = None;
+    let mut index = 0;
+    for arg in args {
+        arg.for_each_tensor(|t| {
+            if err.is_none() {
+                match prepare(op, mode, t, index) {
+                    Ok(p) => out.push(p),
+                    Err(e) => err = Some(e),
+                }
+            }
+            index += 1;
+        });
+    }
+    err.map_or(Ok(out), Err)
+}
+
+fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
+    // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
+    // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
+    // is differentiable, so gradients still reach the Var.
+    let t = if t.is_variable() { t.copy()? } else { t.clone() };
+    match mode {
+        Mode::Tensor => Ok(Prepared { tensor: t, data: 0 }),
+        Mode::Numpy => {
+            if !numpy_can_hold(t.dtype()) {
+                return Err(Error::mismatch(
+                    op,
+                    ErrorKind::InvalidArgument,
+                    Some(index),
+                    format!(
+                        "input {index} is {}, which NumPy cannot hold; convert it with `to_dtype` \
+                         or use tensor mode",
+                        t.dtype().as_str()
+                    ),
+                ));
+            }
+            let t = if t.device().is_cpu() { t } else { t.to_device(&Device::Cpu)? };
+            let data = {
+                let (storage, layout) = t.storage_and_layout();
+                let Storage::Cpu(cpu) = &*storage else {
+                    unreachable!("moved to the CPU above")
+                };
+                element_ptr(cpu, layout.start_offset())
+            };
+            Ok(Prepared { tensor: t, data })
+        }
+    }
+}
+
+fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
+    macro_rules! at {
+        ($v:expr) => {
+            $v.as_ptr().wrapping_add(offset) as usize
+        };
+    }
+    match cpu {
+        CpuStorage::U8(v) => at!(v),
+        CpuStorage::U32(v) => at!(v),
+        CpuStorage::I16(v) => at!(v),
+        CpuStorage::I32(v) => at!(v),
+        CpuStorage::I64(v) => at!(v),
+        CpuStorage::F16(v) => at!(v),
+        CpuStorage::F32(v) => at!(v),
+        CpuStorage::F64(v) => at!(v),
+        // `prepare` rejects the dtypes NumPy cannot hold before asking.
+        _ => 0,
+    }
+}
+
+/// The NumPy dtype of the same name as a candle dtype.
+pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> Option<Bound<'_, PyArrayDescr>> {
+    Some(match dtype {
+        DType::U8 => numpy::dtype::<u8>(py),
+        DType::U32 => numpy::dtype::<u32>(py),
+        DType::I16 => numpy::dtype::<i16>(py),
+        DType::I32 => numpy::dtype::<i32>(py),
+        DType::I64 => numpy::dtype::<i64>(py),
+        DType::F16 => numpy::dtype::<half::f16>(py),
+        DType::F32 => numpy::dtype::<f32>(py),
+        DType::F64 => numpy::dtype::<f64>(py),
+        _ => return None,
+    })
+}
+
+/// A read-only NumPy array over the prepared tensor's memory, whose base object (a `pyop.Tensor`
+/// holding a clone of the tensor) keeps that memory alive for as long as the array lives.
+fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>> {
+    let t = &p.tensor;
+    let descr = numpy_dtype(py, t.dtype()).expect("checked in prepare");
+    let size = t.dtype().size_in_bytes() as isize;
+    let dims: Vec<npy_intp> = t.dims().iter().map(|&d| d as npy_intp).collect();
+    let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
+    let base = Bound::new(py, PyTensor::new(t.clone()))?;
+    // SAFETY: `data` points into the CPU storage of `t`, which the base object keeps alive; a
+    // candle storage's buffer is never reallocated. The flags leave the array read-only, so
+    // Python cannot write to memory candle believes immutable. `SetBaseObject` steals `base`.
+    unsafe {
+        let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.into_dtype_ptr(),
+            dims.len() as i32,
+            dims.as_ptr() as *mut npy_intp,
+            strides.as_ptr() as *mut npy_intp,
+            p.data as *mut c_void,
+            0,
+            std::ptr::null_mut(),
+        );
+        let arr = Bound::from_owned_ptr_or_err(py, arr)?;
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.into_any().into_ptr())
+            != 0
+        {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(arr)
+    }
+}
+
+/// The Python positional arguments of a call: every argument in declaration order.
+pub(crate) fn python_args<'py>(
+    py: Python<'py>,
+    mode: Mode,
+    args: &[Arg<'_>],
+    prepared: &[Prepared],
+) -> PyResult<Bound<'py, PyTuple>> {
+    let mut next = prepared.iter();
+    let mut tensor = |py: Python<'py>| -> PyResult<Bound<'py, PyAny>> {
+        let p = next.next().expect("one prepared input per tensor");
+        match mode {
+            Mode::Numpy => numpy_view(py, p),
+            Mode::Tensor => Ok(Bound::new(py, PyTensor::new(p.tensor.clone()))?.into_any()),
+        }
+    };
+    let mut items = Vec::with_capacity(args.len());
+    for arg in args {
+        items.push(match arg {
+            Arg::Tensor(_) => tensor(py)?,
+            Arg::Tensors(ts) => {
+                let list = PyList::empty(py);
+                for _ in ts.iter() {
+                    list.append(tensor(py)?)?;
+                }
+                list.into_any()
+            }
+            Arg::F64(v) => PyFloat::new(py, *v).into_any(),
+            Arg::I64(v) => v.into_pyobject(py)?.into_any(),
+            Arg::Bool(v) => PyBool::new(py, *v).to_owned().into_any(),
+            Arg::Str(v) => PyString::new(py, v).into_any(),
+            Arg::F64s(v) => PyList::new(py, v.iter())?.into_any(),
+            Arg::I64s(v) => PyList::new(py, v.iter())?.into_any(),
+            Arg::None => py.None().into_bound(py),
+        });
+    }
+    PyTuple::new(py, items)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Out: Python → candle
+// ---------------------------------------------------------------------------------------------
+
+/// What [`outputs_from_python`] checks against: the op's name and `tout`, and where outputs go.
+pub(crate) struct OutputCheck<'a> {
+    pub op: &'a str,
+    pub tout: &'a [OutSpec],
+    pub device: &'a Device,
+    /// "output" for a body's results, "gradient" for a gradient function's.
+    pub what: &'a str,
+    /// Inputs whose own NumPy views may come back as outputs without a copy.
+    pub inputs: &'a [Prepared],
+}
+
+impl OutputCheck<'_> {
+    fn error(&self, index: Option<usize>, msg: String) -> Error {
+        let kind = if self.what == "gradient" {
+            ErrorKind::GradientMismatch
+        } else {
+            ErrorKind::OutputMismatch
+        };
+        Error::mismatch(self.op, kind, index, msg)
+    }
+}
+
+/// Applies the rule table to a body's return value: one output takes a value or a 1-tuple; M ≥ 2
+/// outputs take a tuple or list of exactly M values; `()` takes `None`.
+pub(crate) fn outputs_from_python(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    result: &Bound<'_, PyAny>,
+) -> Result<Vec<Tensor>> {
+    let m = check.tout.len();
+    if m == 0 {
+        if result.is_none() {
+            return Ok(Vec::new());
+        }
+        return Err(check.error(
+            None,
+            format!("`tout = ()` expects the body to return None, got {}", describe_value(result)),
+        ));
+    }
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = result.cast::<PyTuple>() {
+        if m == 1 && t.len() != 1 {
+            return Err(check.error(
+                None,
+                format!("expected 1 {}, got a tuple of {} values", check.what, t.len()),
+            ));
+        }
+        t.iter().collect()
+    } else if m >= 2 {
+        match result.cast::<PyList>() {
+            Ok(l) => l.iter().collect(),
+            Err(_) => {
+                return Err(check.error(
+                    None,
+                    format!(
+                        "expected a tuple of {m} {}s, got {}",
+                        check.what,
+                        describe_value(result)
+                    ),
+                ))
+            }
+        }
+    } else {
+        vec![result.clone()]
+    };
+    if items.len() != m {
+        return Err(check.error(
+            None,
+            format!("expected {m} {}s, got {}", check.what, items.len()),
+        ));
+    }
+    items
+        .iter()
+        .zip(check.tout)
+        .enumerate()
+        .map(|(i, (value, spec))| value_to_tensor(py, check, i, spec, value))
+        .collect()
+}
+
+/// `a float`, `a dict`, `a numpy.ndarray of dtype float64`: for error messages.
+pub(crate) fn describe_value(v: &Bound<'_, PyAny>) -> String {
+    if v.is_none() {
+        return "None".to_owned();
+    }
+    if let Ok(a) = v.cast::<PyUntypedArray>() {
+        return format!("a NumPy array of dtype {} and shape {:?}", dtype_name(&a.dtype()), a.shape());
+    }
+    let ty = v.get_type();
+    let name = ty.qualname().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
+    format!("a value of type `{name}`")
+}
+
+fn dtype_name(d: &Bound<'_, PyArrayDescr>) -> String {
+    d.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// Converts one returned value to a tensor of `spec`'s dtype and shape on the op's device.
+pub(crate) fn value_to_tensor(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    index: usize,
+    spec: &OutSpec,
+    value: &Bound<'_, PyAny>,
+) -> Result<Tensor> {
+    let what = check.what;
+    let tensor = if let Ok(t) = value.cast::<PyTensor>() {
+        let t = t.get().tensor().clone();
+        if t.dtype() != spec.dtype {
+            return Err(check.error(
+                Some(index),
+                format!(
+                    "{what} {index}: expected dtype {}, got a pyop.Tensor of dtype {}",
+                    spec.dtype.as_str(),
+                    t.dtype().as_str()
+                ),
+            ));
+        }
+        t
+    } else if let Some(array) = as_numpy_array(py, value).map_err(|e| {
+        check.error(Some(index), format!("{what} {index}: {}", crate::python::describe(py, &e)))
+    })? {
+        array_to_tensor(py, check, index, spec, &array)?
+    } else if value.is_instance_of::<PyBool>()
+        || value.is_instance_of::<PyInt>()
+        || value.is_instance_of::<PyFloat>()
+        || value.is_instance_of::<PyList>()
+    {
+        let mut buf = Buffer::new(spec.dtype);
+        let mut dims = Vec::new();
+        collect_nested(value, 0, &mut dims, &mut buf)
+            .map_err(|msg| check.error(Some(index), format!("{what} {index}: {msg}")))?;
+        buf.into_tensor(&dims)?
+    } else {
+        return Err(check.error(
+            Some(index),
+            format!(
+                "{what} {index}: expected {} (a pyop.Tensor, NumPy array, number or list), got {}",
+                spec,
+                describe_value(value)
+            ),
+        ));
+    };
+    if !spec.shape_matches(tensor.dims()) {
+        return Err(check.error(
+            Some(index),
+            format!("{what} {index}: expected shape {spec}, got shape {:?}", tensor.dims()),
+        ));
+    }
+    Ok(tensor.to_device(check.device)?)
+}
+
+/// The value as a NumPy array if it is one or a NumPy scalar. NumPy is looked up in
+/// `sys.modules` only, so tensor mode never imports it.
+fn as_numpy_array<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
+    let Some(np) = crate::tensor::numpy_if_loaded(py)? else {
+        return Ok(None);
+    };
+    if let Ok(a) = value.cast::<PyUntypedArray>() {
+        return Ok(Some(a.clone()));
+    }
+    let generic = np.getattr(pyo3::intern!(py, "generic"))?;
+    if value.is_instance(&generic)? {
+        let a = np.call_method1(pyo3::intern!(py, "asarray"), (value,))?;
+        return Ok(Some(a.cast_into::<PyUntypedArray>()?));
+    }
+    Ok(None)
+}
+
+/// Whether a NumPy dtype is exactly candle's `dtype` (native byte order), or bool for u8.
+fn dtype_matches(descr: &Bound<'_, PyArrayDescr>, dtype: DType) -> bool {
+    let (kind, size) = match dtype {
+        DType::U8 => (b'u', 1),
+        DType::U32 => (b'u', 4),
+        DType::I16 => (b'i', 2),
+        DType::I32 => (b'i', 4),
+        DType::I64 => (b'i', 8),
+        DType::F16 => (b'f', 2),
+        DType::F32 => (b'f', 4),
+        DType::F64 => (b'f', 8),
+        _ => return false,
+    };
+    let k = descr.kind();
+    let native = descr.is_native_byteorder() != Some(false);
+    native
+        && descr.itemsize() == size
+        && (k == kind || (dtype == DType::U8 && k == b'b'))
+        && !descr.has_fields()
+        && !descr.has_subarray()
+}
+
+fn array_to_tensor(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    index: usize,
+    spec: &OutSpec,
+    array: &Bound<'_, PyUntypedArray>,
+) -> Result<Tensor> {
+    let what = check.what;
+    let descr = array.dtype();
+    if !dtype_matches(&descr, spec.dtype) {
+        let extra = if descr.has_object() {
+            " (object arrays are not tensors)"
+        } else if descr.has_fields() {
+            " (structured arrays are not tensors)"
+        } else {
+            ""
+        };
+        return Err(check.error(
+            Some(index),
+            format!(
+                "{what} {index}: expected dtype {}, got a NumPy array of dtype {}{extra}",
+                spec.dtype.as_str(),
+                dtype_name(&descr)
+            ),
+        ));
+    }
+    let dims = array.shape().to_vec();
+    // An input's own view, handed back unchanged: share the input's storage, as Tensor::clone does.
+    if let Some(input) = returned_input(array, check.inputs) {
+        return Ok(input.tensor.clone());
+    }
+    // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
+    // (Fortran-ordered, strided) array is made contiguous by NumPy first.
+    let contiguous = if array.is_c_contiguous() && array.is_aligned() {
+        array.clone()
+    } else {
+        let np = py.import("numpy").map_err(|e| crate::python::python_error(py, check.op, e))?;
+        np.call_method1("ascontiguousarray", (array,))
+            .and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?))
+            .map_err(|e| crate::python::python_error(py, check.op, e))?
+    };
+    let n: usize = dims.iter().product();
+    // SAFETY: the array is C-contiguous and aligned, of `n` elements of the dtype checked above,
+    // and `contiguous` keeps it alive while we copy.
+    let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
+    let shape = Shape::from(dims);
+    let copy = move || -> candle_core::Result<Tensor> {
+        macro_rules! from {
+            ($t:ty) => {{
+                let slice = unsafe { std::slice::from_raw_parts(data as *const $t, n) };
+                Tensor::from_slice(slice, shape, &Device::Cpu)
+            }};
+        }
+        match spec.dtype {
+            DType::U8 => from!(u8),
+            DType::U32 => from!(u32),
+            DType::I16 => from!(i16),
+            DType::I32 => from!(i32),
+            DType::I64 => from!(i64),
+            DType::F16 => from!(half::f16),
+            DType::F32 => from!(f32),
+            DType::F64 => from!(f64),
+            _ => unreachable!("dtype_matches accepts only NumPy dtypes"),
+        }
+    };
+    // Large copies run without the GIL, so other threads' Python goes on meanwhile.
+    let t = if n * spec.dtype.size_in_bytes() >= 1 << 20 { py.detach(copy) } else { copy() };
+    Ok(t?)
+}
+
+/// The input whose NumPy view `array` is, if the body returned one of them unchanged.
+fn returned_input<'a>(array: &Bound<'_, PyUntypedArray>, inputs: &'a [Prepared]) -> Option<&'a Prepared> {
+    if inputs.is_empty() {
+        return None;
+    }
+    // SAFETY: reading the fields of a live array object.
+    let (data, base) = unsafe {
+        let a = &*array.as_array_ptr();
+        (a.fields.data as usize, a.fields.base)
+    };
+    if base.is_null() {
+        return None;
+    }
+    let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
+    let base = base.cast::<PyTensor>().ok()?;
+    let owner = base.get().tensor();
+    inputs.iter().find(|p| {
+        p.data == data
+            && p.tensor.id() == owner.id()
+            && p.tensor.dims() == array.shape()
+            && p.tensor
+                .stride()
+                .iter()
+                .zip(array.strides())
+                .all(|(&s, &b)| (s * p.tensor.dtype().size_in_bytes()) as isize == b)
+    })
+}
+
+/// Walks a (nested) list of numbers, checking it is rectangular, into `buf`.
+fn collect_nested(
+    v: &Bound<'_, PyAny>,
+    depth: usize,
+    dims: &mut Vec<usize>,
+    buf: &mut Buffer,
+) -> std::result::Result<(), String> {
+    if let Ok(list) = v.cast::<PyList>() {
+        let n = list.len();
+        if depth == dims.len() {
+            if buf.len() > 0 {
+                return Err("ragged nested list (not rectangular)".into());
+            }
+            dims.push(n);
+        } else if dims[depth] != n {
+            return Err(format!(
+                "ragged nested list: a list of {n} items where {} were expected",
+                dims[depth]
+            ));
+        }
+        for item in list.iter() {
+            collect_nested(&item, depth + 1, dims, buf)?;
+        }
+        return Ok(());
+    }
+    if depth != dims.len() {
+        return Err("ragged nested list: a number where a list was expected".into());
+    }
+    let scalar = if v.is_instance_of::<PyBool>() {
+        Scalar::Bool(v.extract::<bool>().map_err(|e| e.to_string())?)
+    } else if v.is_instance_of::<PyInt>() {
+        match v.extract::<i64>() {
+            Ok(i) => Scalar::Int(i),
+            Err(_) => match v.extract::<u64>() {
+                Ok(u) => Scalar::UInt(u),
+                Err(_) => return Err(format!("the int {} does not fit any tensor dtype", v)),
+            },
+        }
+    } else if v.is_instance_of::<PyFloat>() {
+        Scalar::Float(v.extract::<f64>().map_err(|e| e.to_string())?)
+    } else if v.is_instance_of::<PyDict>() {
+        return Err("expected numbers, got a dict".into());
+    } else {
+        return Err(format!("expected numbers, got {}", describe_value(v)));
+    };
+    buf.push(scalar)
+}
+
+/// A Python number, before it is fitted to a dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scalar {
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+}
+
+/// Typed storage filled from Python numbers, refusing any value that does not fit exactly
+/// (floats may round to a narrower float; nothing truncates or wraps).
+pub(crate) enum Buffer {
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I16(Vec<i16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    BF16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Unsupported(DType),
+}
+
+impl Buffer {
+    pub(crate) fn new(dtype: DType) -> Self {
+        match dtype {
+            DType::U8 => Buffer::U8(Vec::new()),
+            DType::U32 => Buffer::U32(Vec::new()),
+            DType::I16 => Buffer::I16(Vec::new()),
+            DType::I32 => Buffer::I32(Vec::new()),
+            DType::I64 => Buffer::I64(Vec::new()),
+            DType::BF16 => Buffer::BF16(Vec::new()),
+            DType::F16 => Buffer::F16(Vec::new()),
+            DType::F32 => Buffer::F32(Vec::new()),
+            DType::F64 => Buffer::F64(Vec::new()),
+            d => Buffer::Unsupported(d),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buffer::U8(v) => v.len(),
+            Buffer::U32(v) => v.len(),
+            Buffer::I16(v) => v.len(),
+            Buffer::I32(v) => v.len(),
+            Buffer::I64(v) => v.len(),
+            Buffer::BF16(v) => v.len(),
+            Buffer::F16(v) => v.len(),
+            Buffer::F32(v) => v.len(),
+            Buffer::F64(v) => v.len(),
+            Buffer::Unsupported(_) => 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, s: Scalar) -> std::result::Result<(), String> {
+        fn int<T: TryFrom<i64> + TryFrom<u64>>(s: Scalar, name: &str) -> std::result::Result<T, String> {
+            let bad = || format!("{} does not fit dtype {name} exactly", show(s));
+            match s {
+                Scalar::Bool(b) => T::try_from(b as i64).map_err(|_| bad()),
+                Scalar::Int(i) => T::try_from(i).map_err(|_| bad()),
+                Scalar::UInt(u) => T::try_from(u).map_err(|_| bad()),
+                Scalar::Float(f) => {
+                    if f.fract() == 0.0 && f.is_finite() && f.abs() < 1.9e19 {
+                        if f < 0.0 {
+                            T::try_from(f as i64).map_err(|_| bad())
+                        } else {
+                            T::try_from(f as u64).map_err(|_| bad())
+                        }
+                    } else {
+                        Err(bad())
+                    }
+                }
+            }
+        }
+        fn float(s: Scalar, mantissa: u32, name: &str) -> std::result::Result<f64, String> {
+            // Python floats may round to a narrower float (as NumPy does); integers must be exact.
+            let limit = 1u64 << mantissa;
+            match s {
+                Scalar::Bool(b) => Ok(b as u8 as f64),
+                Scalar::Float(f) => Ok(f),
+                Scalar::Int(i) if i.unsigned_abs() <= limit => Ok(i as f64),
+                Scalar::UInt(u) if u <= limit => Ok(u as f64),
+                _ => Err(format!("{} does not fit dtype {name} exactly", show(s))),
+            }
+        }
+        match self {
+            Buffer::U8(v) => v.push(int(s, "u8")?),
+            Buffer::U32(v) => v.push(int(s, "u32")?),
+            Buffer::I16(v) => v.push(int(s, "i16")?),
+            Buffer::I32(v) => v.push(int(s, "i32")?),
+            Buffer::I64(v) => v.push(int(s, "i64")?),
+            Buffer::BF16(v) => v.push(half::bf16::from_f64(float(s, 8, "bf16")?)),
+            Buffer::F16(v) => v.push(half::f16::from_f64(float(s, 11, "f16")?)),
+            Buffer::F32(v) => v.push(float(s, 24, "f32")? as f32),
+            Buffer::F64(v) => v.push(float(s, 53, "f64")?),
+            Buffer::Unsupported(d) => {
+                return Err(format!("Python numbers cannot make a tensor of dtype {}", d.as_str()))
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn into_tensor(self, dims: &[usize]) -> candle_core::Result<Tensor> {
+        let cpu = &Device::Cpu;
+        match self {
+            Buffer::U8(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::U32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I64(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::BF16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F64(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::Unsupported(d) => Err(candle_core::Error::Msg(format!(
+                "Python numbers cannot make a tensor of dtype {}",
+                d.as_str()
+            ))),
+        }
+    }
+}
+
+fn show(s: Scalar) -> String {
+    match s {
+        Scalar::Bool(b) => if b { "True" } else { "False" }.to_owned(),
+        Scalar::Int(i) => format!("the int {i}"),
+        Scalar::UInt(u) => format!("the int {u}"),
+        Scalar::Float(f) => format!("the float {f:?}"),
+    }
+}
+
+impl Prepared {
+    /// The same input, cut from the autograd graph (its storage is shared).
+    pub(crate) fn detached(self) -> Self {
+        Prepared { tensor: self.tensor.detach(), data: self.data }
+    }
+}

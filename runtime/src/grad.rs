@@ -1,0 +1,585 @@
+//! Registered gradients, and ops of any arity in candle's autograd.
+//!
+//! candle's custom ops take at most three inputs and give one output, and only `apply_op*` can
+//! put a node with a user backward into the graph. An op call with tracked inputs therefore
+//! becomes, after the body has run:
+//!
+//! ```text
+//! x_i (tracked, float) ──flatten·to_dtype(F)──┐
+//!                                              cat ─► packed_in ─[Node]─► packed_out ─narrow·reshape·to_dtype─► y_j
+//! ```
+//!
+//! `Node`'s forward hands back the outputs the body already computed (no Python runs under
+//! candle's storage locks); its backward unpacks the incoming gradient per output, calls the
+//! registered gradient, and packs what it returns per input. `F` is f64 if any tracked value is
+//! f64, else f32; each gradient comes back in its input's own dtype through the differentiable
+//! casts. Integer inputs get no gradient and integer outputs are not tracked.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::convert::{self, Arg, OutputCheck, Prepared};
+use crate::error::{Error, ErrorKind, Result};
+use crate::op::{OpInner, PyOp};
+use crate::python::{self, with_gil};
+use crate::spec::OutSpec;
+
+/// A gradient written in Rust: given the op's arguments, outputs and the gradient arriving at each
+/// output, return one entry per tensor input (tensors of a `&[Tensor]` argument counted one by
+/// one, in order), `None` meaning no gradient. Each gradient must have its input's shape and dtype.
+pub type RustGradient = fn(&GradientCall<'_>) -> Result<Vec<Option<Tensor>>>;
+
+/// What a [`RustGradient`] is called with.
+#[derive(Debug)]
+pub struct GradientCall<'a> {
+    /// The op's name.
+    pub op: &'a str,
+    /// All the op's arguments in declaration order, plain values included.
+    pub args: &'a [Arg<'a>],
+    /// The op's outputs.
+    pub outputs: &'a [Tensor],
+    /// The gradient arriving at each output (zeros for one that received none).
+    pub grads: &'a [Tensor],
+}
+
+pub(crate) enum Gradient {
+    Python(Py<PyAny>),
+    Rust(RustGradient),
+}
+
+/// An owned argument, kept for the backward pass.
+#[derive(Clone, Debug)]
+enum Value {
+    Tensor,
+    Tensors(usize),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+    Str(String),
+    F64s(Vec<f64>),
+    I64s(Vec<i64>),
+    None,
+}
+
+fn tracked(t: &Tensor) -> bool {
+    t.dtype().is_float() && t.track_op()
+}
+
+/// Whether any float tensor argument is tracked by autograd.
+pub(crate) fn any_tracked(args: &[Arg<'_>]) -> bool {
+    let mut any = false;
+    for a in args {
+        a.for_each_tensor(|t| any |= tracked(t));
+    }
+    any
+}
+
+/// The prepared inputs, detached: the body's own ops must not enter the graph when a registered
+/// gradient (or numpy mode) stands for them.
+pub(crate) fn detach_prepared(prepared: Vec<Prepared>) -> Vec<Prepared> {
+    prepared.into_iter().map(Prepared::detached).collect()
+}
+
+/// Puts the outputs of a call into the graph behind one node whose backward is the op's gradient.
+pub(crate) fn attach(
+    op: &Arc<OpInner>,
+    args: &[Arg<'_>],
+    prepared: Vec<Prepared>,
+    outputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let mut originals = Vec::new();
+    for a in args {
+        a.for_each_tensor(|t| originals.push(t.clone()));
+    }
+    let tracked_in: Vec<usize> = (0..originals.len()).filter(|&i| tracked(&originals[i])).collect();
+    let float_out: Vec<usize> = (0..outputs.len()).filter(|&j| outputs[j].dtype().is_float()).collect();
+    if float_out.is_empty() {
+        return Ok(outputs);
+    }
+    let wide = tracked_in.iter().map(|&i| originals[i].dtype()).chain(float_out.iter().map(|&j| outputs[j].dtype()));
+    let f = if wide.clone().any(|d| d == DType::F64) { DType::F64 } else { DType::F32 };
+
+    let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
+    let packed_out = pack(float_out.iter().map(|&j| &outputs[j]), f)?.detach();
+    let slot = if packed_out.device().is_cpu() {
+        Slot::Cpu(Mutex::new(Some(cpu_storage(&packed_out)?)))
+    } else {
+        Slot::Device(packed_out)
+    };
+    let values = args.iter().map(Value::from_arg).collect();
+    let node = Node {
+        op: PyOp { inner: op.clone() },
+        values,
+        prepared,
+        outputs: outputs.clone(),
+        tracked_in,
+        float_out: float_out.clone(),
+        dtype: f,
+        slot,
+    };
+    let result = packed_in.apply_op1(node)?;
+    let mut outputs = outputs;
+    let mut offset = 0;
+    for j in float_out {
+        let y = &outputs[j];
+        let n = y.elem_count();
+        let tracked_y = result.narrow(0, offset, n)?.reshape(y.shape())?.to_dtype(y.dtype())?;
+        offset += n;
+        outputs[j] = tracked_y;
+    }
+    Ok(outputs)
+}
+
+/// Flattens and concatenates tensors in dtype `f` (differentiably).
+fn pack<'a>(ts: impl Iterator<Item = &'a Tensor>, f: DType) -> Result<Tensor> {
+    let flat: Vec<Tensor> = ts.map(|t| t.flatten_all()?.to_dtype(f)).collect::<candle_core::Result<_>>()?;
+    Ok(match flat.len() {
+        1 => flat.into_iter().next().expect("one"),
+        _ => Tensor::cat(&flat, 0)?,
+    })
+}
+
+fn cpu_storage(t: &Tensor) -> Result<CpuStorage> {
+    Ok(match t.dtype() {
+        DType::F64 => CpuStorage::F64(t.to_vec1::<f64>()?),
+        _ => CpuStorage::F32(t.to_vec1::<f32>()?),
+    })
+}
+
+/// The outputs the node's forward hands candle: taken once from the CPU, or a device tensor.
+enum Slot {
+    Cpu(Mutex<Option<CpuStorage>>),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(Tensor),
+}
+
+struct Node {
+    op: PyOp,
+    values: Vec<Value>,
+    prepared: Vec<Prepared>,
+    outputs: Vec<Tensor>,
+    tracked_in: Vec<usize>,
+    float_out: Vec<usize>,
+    dtype: DType,
+    slot: Slot,
+}
+
+impl CustomOp1 for Node {
+    fn name(&self) -> &'static str {
+        "pyop"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Slot::Cpu(slot) = &self.slot else {
+            candle_core::bail!("pyop: op `{}` computed on another device", self.op.name())
+        };
+        let storage = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(storage) = storage else {
+            candle_core::bail!("pyop: op `{}` forward ran twice", self.op.name())
+        };
+        let n = self.float_out.iter().map(|&j| self.outputs[j].elem_count()).sum::<usize>();
+        let _ = layout;
+        Ok((storage, Shape::from(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let Slot::Device(t) = &self.slot else {
+            candle_core::bail!("pyop: op `{}` computed on another device", self.op.name())
+        };
+        let (storage, layout) = t.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cuda(s) => Ok((s.try_clone(layout)?, t.shape().clone())),
+            _ => candle_core::bail!("pyop: op `{}` outputs are not on CUDA", self.op.name()),
+        }
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(self.backward(grad_res)?)
+    }
+}
+
+impl Node {
+    fn backward(&self, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let op = &*self.op.inner;
+        let Some(gradient) = &op.gradient else {
+            return Err(Error::op_failure(
+                &op.name,
+                ErrorKind::NoGradient,
+                format!(
+                    "backward() reached this {} op, which has no gradient; declare one with \
+                     `grad = \"python_function\"` or `grad = rust_fn` in #[py_op] (or \
+                     OpBuilder::gradient), or detach its inputs",
+                    op.mode
+                ),
+            ));
+        };
+        // The gradient arriving at each output, in the output's dtype; zeros for integer outputs.
+        let mut grads = Vec::with_capacity(self.outputs.len());
+        let mut offset = 0;
+        for (j, y) in self.outputs.iter().enumerate() {
+            if self.float_out.contains(&j) {
+                let n = y.elem_count();
+                grads.push(grad_res.narrow(0, offset, n)?.reshape(y.shape())?.to_dtype(y.dtype())?);
+                offset += n;
+            } else {
+                grads.push(y.zeros_like()?);
+            }
+        }
+        let input_grads = match gradient {
+            Gradient::Rust(f) => self.rust_gradient(*f, &grads)?,
+            Gradient::Python(f) => self.python_gradient(f, &grads)?,
+        };
+        // Pack the tracked inputs' gradients like `packed_in`.
+        let mut parts = Vec::with_capacity(self.tracked_in.len());
+        let mut any = false;
+        for &i in &self.tracked_in {
+            let x = &self.prepared[i].tensor;
+            let g = match &input_grads[i] {
+                Some(g) => {
+                    any = true;
+                    g.to_device(grad_res.device())?.flatten_all()?.to_dtype(self.dtype)?
+                }
+                None => Tensor::zeros(x.elem_count(), self.dtype, grad_res.device())?,
+            };
+            parts.push(g);
+        }
+        if !any {
+            return Ok(None);
+        }
+        Ok(Some(match parts.len() {
+            1 => parts.pop().expect("one"),
+            _ => Tensor::cat(&parts, 0)?,
+        }))
+    }
+
+    fn rust_gradient(&self, f: RustGradient, grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
+        let op = &*self.op.inner;
+        let started = Instant::now();
+        // `&[Tensor]` arguments need slices that live as long as the call.
+        let lists: Vec<Vec<Tensor>> = self.tensor_lists();
+        let args = self.args_with_lists(&lists);
+        let call = GradientCall { op: &op.name, args: &args, outputs: &self.outputs, grads };
+        let result = catch_unwind(AssertUnwindSafe(|| f(&call))).unwrap_or_else(|panic| {
+            Err(Error::op_failure(
+                &op.name,
+                ErrorKind::Panic,
+                format!("the Rust gradient panicked: {}", panic_message(&*panic)),
+            ))
+        });
+        let result = result.and_then(|g| self.check_rust(g));
+        op.counters.record(result.is_ok(), started.elapsed(), Duration::ZERO);
+        result
+    }
+
+    fn tensor_lists(&self) -> Vec<Vec<Tensor>> {
+        let mut next = 0;
+        let mut lists = Vec::new();
+        for v in &self.values {
+            match v {
+                Value::Tensor => next += 1,
+                Value::Tensors(k) => {
+                    lists.push(self.prepared[next..next + k].iter().map(|p| p.tensor.clone()).collect());
+                    next += k;
+                }
+                _ => {}
+            }
+        }
+        lists
+    }
+
+    fn args_with_lists<'a>(&'a self, lists: &'a [Vec<Tensor>]) -> Vec<Arg<'a>> {
+        let mut tensors = self.prepared.iter().map(|p| &p.tensor);
+        let mut lists = lists.iter();
+        self.values
+            .iter()
+            .map(|v| match v {
+                Value::Tensors(k) => {
+                    for _ in 0..*k {
+                        tensors.next();
+                    }
+                    Arg::Tensors(lists.next().expect("one list per argument"))
+                }
+                Value::Tensor => Arg::Tensor(tensors.next().expect("one per tensor")),
+                other => Value::as_plain(other),
+            })
+            .collect()
+    }
+
+    fn check_rust(&self, g: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>> {
+        let op = &self.op.inner.name;
+        if g.len() != self.prepared.len() {
+            return Err(Error::mismatch(
+                op,
+                ErrorKind::GradientMismatch,
+                None,
+                format!("expected {} gradients (one per tensor input), got {}", self.prepared.len(), g.len()),
+            ));
+        }
+        for (i, (g, p)) in g.iter().zip(&self.prepared).enumerate() {
+            if let Some(g) = g {
+                let x = &p.tensor;
+                if g.dims() != x.dims() || g.dtype() != x.dtype() {
+                    return Err(Error::mismatch(
+                        op,
+                        ErrorKind::GradientMismatch,
+                        Some(i),
+                        format!(
+                            "gradient {i}: expected {}{:?}, got {}{:?}",
+                            x.dtype().as_str(),
+                            x.dims(),
+                            g.dtype().as_str(),
+                            g.dims()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(g)
+    }
+
+    fn python_gradient(&self, f: &Py<PyAny>, grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
+        let op = &*self.op.inner;
+        let started = Instant::now();
+        let out_prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &self.outputs.iter().map(Arg::Tensor).collect::<Vec<_>>()))?;
+        let grad_prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &grads.iter().map(Arg::Tensor).collect::<Vec<_>>()))?;
+        let lists = self.tensor_lists();
+        let args = self.args_with_lists(&lists);
+        let device = self.prepared.first().map(|p| p.tensor.device().clone()).unwrap_or(candle_core::Device::Cpu);
+        let result = with_gil(&op.name, |py| {
+            let inputs = convert::python_args(py, op.mode, &args, &self.prepared).map_err(|e| python::python_error(py, &op.name, e))?;
+            let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
+            let outputs = convert::python_args(py, op.mode, &outs, &out_prepared).map_err(|e| python::python_error(py, &op.name, e))?;
+            let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
+            let grads = convert::python_args(py, op.mode, &gs, &grad_prepared).map_err(|e| python::python_error(py, &op.name, e))?;
+            let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || f.bind(py).call1((inputs, outputs, grads)))?;
+            self.python_results(py, &args, &device, &returned)
+        });
+        let (result, waited) = match result {
+            Ok((r, w)) => (Ok(r), w),
+            Err(e) => (Err(e), Duration::ZERO),
+        };
+        op.counters.record(result.is_ok(), started.elapsed().saturating_sub(waited), waited);
+        result
+    }
+
+    /// Reads a Python gradient's return value: one entry per tensor argument (a sequence of
+    /// entries for a `&[Tensor]` argument), or a bare value for an op with one tensor argument.
+    fn python_results(
+        &self,
+        py: Python<'_>,
+        args: &[Arg<'_>],
+        device: &candle_core::Device,
+        returned: &Bound<'_, PyAny>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let op = &self.op.inner.name;
+        let mismatch = |index: Option<usize>, what: String| Error::mismatch(op, ErrorKind::GradientMismatch, index, what);
+        let tensor_args: Vec<&Arg<'_>> = args.iter().filter(|a| matches!(a, Arg::Tensor(_) | Arg::Tensors(_))).collect();
+        let entries: Vec<Bound<'_, PyAny>> = match (tensor_args.as_slice(), seq(returned)) {
+            ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
+            ([Arg::Tensor(_)], _) => vec![returned.clone()],
+            (_, Some(items)) if items.len() == tensor_args.len() => items,
+            (_, Some(items)) => {
+                return Err(mismatch(None, format!("expected {} gradients (one per tensor argument), got {}", tensor_args.len(), items.len())))
+            }
+            (_, None) => {
+                return Err(mismatch(None, format!("expected a tuple of {} gradients, got {}", tensor_args.len(), convert::describe_value(returned))))
+            }
+        };
+        let mut out = Vec::with_capacity(self.prepared.len());
+        let mut flat_index = 0;
+        for (arg, entry) in tensor_args.iter().zip(entries) {
+            let items = match arg {
+                Arg::Tensors(ts) if entry.is_none() => vec![entry; ts.len()],
+                Arg::Tensors(ts) => match seq(&entry) {
+                    Some(items) if items.len() == ts.len() => items,
+                    _ => return Err(mismatch(Some(flat_index), format!("expected a tuple of {} gradients for a list argument, got {}", ts.len(), convert::describe_value(&entry)))),
+                },
+                _ => vec![entry],
+            };
+            for item in items {
+                let x = &self.prepared[flat_index].tensor;
+                if item.is_none() || !x.dtype().is_float() {
+                    out.push(None);
+                } else {
+                    let spec = OutSpec::shaped(x.dtype(), x.dims().iter().map(|&d| Some(d)).collect::<Vec<_>>());
+                    let check = OutputCheck { op, tout: std::slice::from_ref(&spec), device, what: "gradient", inputs: &[] };
+                    out.push(Some(convert::value_to_tensor(py, &check, flat_index, &spec, &item)?));
+                }
+                flat_index += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn seq<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = v.cast::<PyTuple>() {
+        Some(t.iter().collect())
+    } else if let Ok(l) = v.cast::<PyList>() {
+        Some(l.iter().collect())
+    } else {
+        None
+    }
+}
+
+impl Value {
+    fn from_arg(a: &Arg<'_>) -> Value {
+        match a {
+            Arg::Tensor(_) => Value::Tensor,
+            Arg::Tensors(ts) => Value::Tensors(ts.len()),
+            Arg::F64(x) => Value::F64(*x),
+            Arg::I64(x) => Value::I64(*x),
+            Arg::Bool(x) => Value::Bool(*x),
+            Arg::Str(s) => Value::Str((*s).to_owned()),
+            Arg::F64s(v) => Value::F64s(v.to_vec()),
+            Arg::I64s(v) => Value::I64s(v.to_vec()),
+            Arg::None => Value::None,
+        }
+    }
+
+    fn as_plain(&self) -> Arg<'_> {
+        match self {
+            Value::F64(x) => Arg::F64(*x),
+            Value::I64(x) => Arg::I64(*x),
+            Value::Bool(x) => Arg::Bool(*x),
+            Value::Str(s) => Arg::Str(s),
+            Value::F64s(v) => Arg::F64s(v),
+            Value::I64s(v) => Arg::I64s(v),
+            Value::None => Arg::None,
+            Value::Tensor | Value::Tensors(_) => unreachable!("tensors are handled by the caller"),
+        }
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checking gradients against finite differences
+// ---------------------------------------------------------------------------------------------
+
+/// Tolerances of [`gradcheck`].
+#[derive(Clone, Copy, Debug)]
+pub struct GradCheck {
+    /// Step of the central differences.
+    pub eps: f64,
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance (of the finite-difference value).
+    pub rtol: f64,
+}
+
+impl Default for GradCheck {
+    fn default() -> Self {
+        Self { eps: 1e-6, atol: 1e-5, rtol: 1e-3 }
+    }
+}
+
+/// What [`gradcheck`] found: the largest difference between the analytic and the numeric
+/// gradient, per input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GradReport {
+    pub max_abs_error: Vec<f64>,
+}
+
+/// Checks the gradient of `f` at `inputs` against central finite differences, like torch's
+/// `gradcheck`.
+///
+/// `f` gets the inputs as tensors that autograd tracks (`Var`s of each input's dtype; use f64
+/// inputs for tight tolerances) and returns any number of outputs. The loss is
+/// `Σ_j Σ (y_j · w_j)` with fixed pseudo-random weights `w_j`, so every output element counts.
+/// Integer inputs and outputs are left out. Returns an error of kind
+/// [`ErrorKind::GradientMismatch`] naming the input and element where the two disagree.
+pub fn gradcheck<F>(f: F, inputs: &[Tensor], tol: GradCheck) -> Result<GradReport>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    let vars: Vec<candle_core::Var> =
+        inputs.iter().map(candle_core::Var::from_tensor).collect::<candle_core::Result<_>>()?;
+    let as_tensors = |vs: &[candle_core::Var]| vs.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>();
+    let loss = |xs: &[Tensor]| -> Result<Tensor> {
+        let ys = f(xs)?;
+        let mut total: Option<Tensor> = None;
+        for (j, y) in ys.iter().enumerate() {
+            if !y.dtype().is_float() {
+                continue;
+            }
+            let y = y.to_dtype(DType::F64)?;
+            let w: Vec<f64> = (0..y.elem_count()).map(|k| weight(j, k)).collect();
+            let w = Tensor::from_vec(w, y.shape(), y.device())?;
+            let term = (y * w)?.sum_all()?;
+            total = Some(match total {
+                None => term,
+                Some(t) => (t + term)?,
+            });
+        }
+        total.ok_or_else(|| Error::op_failure("gradcheck", ErrorKind::InvalidArgument, "the function has no float output"))
+    };
+    let xs = as_tensors(&vars);
+    let grads = loss(&xs)?.backward()?;
+    let mut report = GradReport { max_abs_error: Vec::new() };
+    for (i, var) in vars.iter().enumerate() {
+        let x = var.as_tensor();
+        if !x.dtype().is_float() {
+            report.max_abs_error.push(0.0);
+            continue;
+        }
+        let analytic: Vec<f64> = match grads.get(x) {
+            Some(g) => g.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?,
+            None => vec![0.0; x.elem_count()],
+        };
+        let base: Vec<f64> = x.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+        let mut worst: f64 = 0.0;
+        for k in 0..base.len() {
+            let at = |delta: f64| -> Result<f64> {
+                let mut v = base.clone();
+                v[k] += delta;
+                let xi = Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(x.dtype())?;
+                let mut probe: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().detach()).collect();
+                probe[i] = xi;
+                Ok(loss(&probe)?.to_scalar::<f64>()?)
+            };
+            let numeric = (at(tol.eps)? - at(-tol.eps)?) / (2.0 * tol.eps);
+            let err = (analytic[k] - numeric).abs();
+            worst = worst.max(err);
+            if err > tol.atol + tol.rtol * numeric.abs() || err.is_nan() {
+                return Err(Error::mismatch(
+                    "gradcheck",
+                    ErrorKind::GradientMismatch,
+                    Some(i),
+                    format!(
+                        "input {i}, element {k}: analytic gradient {} but finite differences give {numeric}",
+                        analytic[k]
+                    ),
+                ));
+            }
+        }
+        report.max_abs_error.push(worst);
+    }
+    Ok(report)
+}
+
+/// Fixed weights in [0.5, 1.5), different per output and element.
+fn weight(j: usize, k: usize) -> f64 {
+    let mut h = (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    h ^= h >> 31;
+    h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
+    h ^= h >> 29;
+    0.5 + (h >> 11) as f64 / (1u64 << 53) as f64
+}

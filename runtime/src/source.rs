@@ -1,0 +1,174 @@
+//! Where a body comes from, and the Python module it lives in.
+//!
+//! Ops declared with `#[py_op]` from one source (one file, one `code` string, one module) share one
+//! module instance, so they share its state; ops built at run time get a namespace of their own
+//! that dies with the op and never enters `sys.modules`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyModule};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::python::python_error;
+
+/// The Python source of an op's body.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// Inline code; `filename` is what tracebacks show.
+    Code {
+        code: Cow<'static, str>,
+        filename: Cow<'static, str>,
+    },
+    /// A file's text (embedded at compile time by `#[py_op(file = ...)]`); `path` is the file's
+    /// path, shown in tracebacks.
+    File {
+        path: Cow<'static, str>,
+        text: Cow<'static, str>,
+    },
+    /// A module imported from `sys.path` on first use.
+    Module(Cow<'static, str>),
+}
+
+impl Source {
+    /// Where the source came from, as the registry and error messages show it.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Code { filename, .. } => format!("code {filename}"),
+            Source::File { path, .. } => format!("file {path}"),
+            Source::Module(m) => format!("module {m}"),
+        }
+    }
+
+    /// The text of the source (empty for an imported module).
+    pub fn text(&self) -> &str {
+        match self {
+            Source::Code { code, .. } => code,
+            Source::File { text, .. } => text,
+            Source::Module(_) => "",
+        }
+    }
+
+    fn key(&self) -> String {
+        match self {
+            Source::Code { code, filename } => format!("code:{filename}:{code}"),
+            Source::File { path, .. } => format!("file:{path}"),
+            Source::Module(m) => format!("module:{m}"),
+        }
+    }
+}
+
+/// Module instances of `#[py_op]` sources, keyed by source. Entries are never removed: a static
+/// op lives as long as the program.
+static SHARED: Mutex<Option<HashMap<String, Py<PyAny>>>> = Mutex::new(None);
+
+/// The shared module of a static source, loading it on first use.
+pub(crate) fn shared_module<'py>(py: Python<'py>, op: &str, source: &Source) -> Result<Bound<'py, PyAny>> {
+    if let Source::Module(name) = source {
+        return import(py, op, name);
+    }
+    let key = source.key();
+    if let Some(m) = lock(&SHARED).as_ref().and_then(|map| map.get(&key)) {
+        return Ok(m.bind(py).clone());
+    }
+    // Executing the source runs Python, which may release the GIL; the map's lock is not held
+    // meanwhile, and if another thread loaded the same source first, its instance wins.
+    let module = load(py, op, source, true)?;
+    let mut guard = lock(&SHARED);
+    let map = guard.get_or_insert_with(HashMap::new);
+    Ok(map.entry(key).or_insert_with(|| module.clone().unbind()).bind(py).clone())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A module of the op's own (run-time ops), not registered anywhere.
+pub(crate) fn private_module<'py>(py: Python<'py>, op: &str, source: &Source) -> Result<Bound<'py, PyAny>> {
+    match source {
+        Source::Module(name) => import(py, op, name),
+        _ => load(py, op, source, false),
+    }
+}
+
+fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny>> {
+    py.import(name).map(Bound::into_any).map_err(|e| {
+        let err = python_error(py, op, e);
+        match err {
+            Error::Python { op, exception, message, traceback, .. } => Error::Python {
+                op,
+                kind: ErrorKind::Source,
+                exception,
+                message: format!("cannot import module `{name}`: {message}"),
+                traceback,
+            },
+            e => e,
+        }
+    })
+}
+
+/// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
+/// tracebacks through an embedded source show its lines even where the file is absent.
+fn load<'py>(py: Python<'py>, op: &str, source: &Source, cache_lines: bool) -> Result<Bound<'py, PyAny>> {
+    let (text, filename): (&str, &str) = match source {
+        Source::Code { code, filename } => (code, filename),
+        Source::File { path, text } => (text, path),
+        Source::Module(_) => unreachable!("imported, not loaded"),
+    };
+    let run = || -> PyResult<Bound<'py, PyAny>> {
+        let module = PyModule::new(py, &format!("pyop_body_{op}"))?;
+        module.setattr("__file__", filename)?;
+        if cache_lines {
+            let lines = PyModule::import(py, "linecache")?.getattr("cache")?;
+            let split = text.split_inclusive('\n').collect::<Vec<_>>();
+            lines.set_item(filename, (text.len(), py.None(), split, filename))?;
+        }
+        let builtins = PyModule::import(py, "builtins")?;
+        let code = builtins.getattr("compile")?.call1((text, filename, "exec"))?;
+        let globals: Bound<'py, PyDict> = module.dict();
+        builtins.getattr("exec")?.call1((code, &globals))?;
+        Ok(module.into_any())
+    };
+    run().map_err(|e| {
+        let err = python_error(py, op, e);
+        match err {
+            Error::Python { op, exception, message, traceback, .. } => Error::Python {
+                op,
+                kind: ErrorKind::Source,
+                exception,
+                message: format!("cannot load the source {}: {message}", source.describe()),
+                traceback,
+            },
+            e => e,
+        }
+    })
+}
+
+/// The callable `name` in `module`, or an error naming the op and the source.
+pub(crate) fn function<'py>(
+    module: &Bound<'py, PyAny>,
+    op: &str,
+    name: &str,
+    source: &Source,
+    what: &str,
+) -> Result<Bound<'py, PyAny>> {
+    match module.getattr(name) {
+        Ok(f) if f.is_callable() => Ok(f),
+        Ok(f) => Err(Error::op_failure(
+            op,
+            ErrorKind::MissingFunction,
+            format!(
+                "the {what} `{name}` in {} is not callable (it is {})",
+                source.describe(),
+                crate::convert::describe_value(&f)
+            ),
+        )),
+        Err(_) => Err(Error::op_failure(
+            op,
+            ErrorKind::MissingFunction,
+            format!("{} has no {what} `{name}`", source.describe()),
+        )),
+    }
+}

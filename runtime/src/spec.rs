@@ -1,0 +1,119 @@
+//! What an op declares: its mode and its outputs (`tout`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use candle_core::DType;
+
+/// How a body sees its tensor inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The `tf.py_function` analogue: inputs are `pyop.Tensor`s wrapping the candle tensors
+    /// themselves; the body runs candle ops and autograd records them.
+    Tensor,
+    /// The `tf.numpy_function` analogue: inputs are read-only NumPy views of the candle storage.
+    Numpy,
+}
+
+impl Mode {
+    /// `"tensor"` or `"numpy"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Tensor => "tensor",
+            Mode::Numpy => "numpy",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One declared output: a dtype and, optionally, a shape whose `None` entries match any size.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OutSpec {
+    pub dtype: DType,
+    pub shape: Option<Cow<'static, [Option<usize>]>>,
+}
+
+impl OutSpec {
+    /// An output of `dtype` with any shape.
+    pub const fn new(dtype: DType) -> Self {
+        Self { dtype, shape: None }
+    }
+
+    /// An output of `dtype` whose shape must match `shape` (`None` = any size).
+    pub const fn with_shape(dtype: DType, shape: &'static [Option<usize>]) -> Self {
+        Self {
+            dtype,
+            shape: Some(Cow::Borrowed(shape)),
+        }
+    }
+
+    /// An output of `dtype` whose shape must match `shape`, built at run time.
+    pub fn shaped(dtype: DType, shape: impl Into<Vec<Option<usize>>>) -> Self {
+        Self {
+            dtype,
+            shape: Some(Cow::Owned(shape.into())),
+        }
+    }
+
+    /// Whether `dims` matches the declared shape.
+    pub fn shape_matches(&self, dims: &[usize]) -> bool {
+        match &self.shape {
+            None => true,
+            Some(want) => {
+                want.len() == dims.len()
+                    && want.iter().zip(dims).all(|(w, d)| w.is_none_or(|w| w == *d))
+            }
+        }
+    }
+}
+
+impl fmt::Display for OutSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.dtype.as_str())?;
+        if let Some(shape) = &self.shape {
+            f.write_str("[")?;
+            for (i, d) in shape.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                match d {
+                    Some(n) => write!(f, "{n}")?,
+                    None => f.write_str("_")?,
+                }
+            }
+            f.write_str("]")?;
+        }
+        Ok(())
+    }
+}
+
+/// Formats a `tout` list as the macro accepts it: `f32`, `(f32, i64[_, 2])` or `()`.
+pub fn tout_to_string(tout: &[OutSpec]) -> String {
+    match tout {
+        [one] => one.to_string(),
+        many => {
+            let parts: Vec<String> = many.iter().map(ToString::to_string).collect();
+            format!("({})", parts.join(", "))
+        }
+    }
+}
+
+/// Whether NumPy has a dtype of the same name (bf16 and the f8/f4/f6 types it has not).
+pub fn numpy_can_hold(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::U8
+            | DType::U32
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::F16
+            | DType::F32
+            | DType::F64
+    )
+}

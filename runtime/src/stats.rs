@@ -1,0 +1,46 @@
+//! Per-op counters: what each op cost.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Live counters of one op; read them with [`crate::PyOp::stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    calls: AtomicU64,
+    errors: AtomicU64,
+    python_ns: AtomicU64,
+    gil_wait_ns: AtomicU64,
+}
+
+/// A snapshot of an op's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpStats {
+    /// Calls made, successful or not (forward calls and gradient calls).
+    pub calls: u64,
+    /// Calls that returned an error.
+    pub errors: u64,
+    /// Time spent with the GIL held: converting, running the body, checking its outputs.
+    pub python_time: Duration,
+    /// Time spent waiting to take the GIL.
+    pub gil_wait: Duration,
+}
+
+impl Counters {
+    pub(crate) fn record(&self, ok: bool, python: Duration, gil_wait: Duration) {
+        self.calls.fetch_add(1, Relaxed);
+        if !ok {
+            self.errors.fetch_add(1, Relaxed);
+        }
+        self.python_ns.fetch_add(python.as_nanos() as u64, Relaxed);
+        self.gil_wait_ns.fetch_add(gil_wait.as_nanos() as u64, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> OpStats {
+        OpStats {
+            calls: self.calls.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            python_time: Duration::from_nanos(self.python_ns.load(Relaxed)),
+            gil_wait: Duration::from_nanos(self.gil_wait_ns.load(Relaxed)),
+        }
+    }
+}
