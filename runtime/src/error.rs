@@ -166,6 +166,18 @@ impl Error {
         }
     }
 
+    /// Adds where the op was declared to a load error of a `#[py_op]` op.
+    pub(crate) fn at_declaration(mut self, decl: &crate::decl::OpDecl) -> Self {
+        let at = format!(" (op declared as {} at {}:{})", decl.rust_path(), decl.file, decl.line);
+        match &mut self {
+            Error::Python { message: m, .. } | Error::Mismatch { what: m, .. } | Error::Op { message: m, .. } => {
+                m.push_str(&at)
+            }
+            Error::Candle(_) => {}
+        }
+        self
+    }
+
     /// Replaces the op name of an error that was made before the op was known.
     pub(crate) fn with_op(mut self, name: &str) -> Self {
         match &mut self {

@@ -3,6 +3,7 @@
 //! this crate's API and the `#[py_op]` macro.
 
 mod convert;
+mod decl;
 mod error;
 mod grad;
 mod op;
@@ -14,6 +15,7 @@ mod tensor;
 mod timeout;
 
 pub use convert::Arg;
+pub use decl::{registered_ops, GradDecl, OpDecl, Registration, SourceDecl, StaticOp};
 pub use error::{Error, ErrorKind, Result};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
 pub use op::{CallOptions, OpBuilder, PyOp};
@@ -22,3 +24,49 @@ pub use source::Source;
 pub use spec::{numpy_can_hold, tout_to_string, Mode, OutSpec};
 pub use stats::OpStats;
 pub use tensor::{error_to_python, OpTimeout, PyTensor, RustError};
+
+/// What `#[py_op]` expansions refer to; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, Registration, SourceDecl, StaticOp};
+    pub use candle_core::{DType, Device, Tensor};
+    pub use inventory;
+
+    /// Turns an op's output list into the declared return type.
+    pub trait FromOutputs: Sized {
+        fn from_outputs(outputs: Vec<Tensor>) -> Self;
+    }
+
+    impl FromOutputs for () {
+        fn from_outputs(_: Vec<Tensor>) -> Self {}
+    }
+
+    impl FromOutputs for Tensor {
+        fn from_outputs(outputs: Vec<Tensor>) -> Self {
+            outputs.into_iter().next().expect("the executor checked the output count")
+        }
+    }
+
+    macro_rules! tuple_outputs {
+        ($($t:ident)+) => {
+            impl FromOutputs for ($($t,)+) {
+                fn from_outputs(outputs: Vec<Tensor>) -> Self {
+                    let mut it = outputs.into_iter();
+                    ($({ let x: $t = it.next().expect("the executor checked the output count"); x },)+)
+                }
+            }
+        };
+    }
+    tuple_outputs!(Tensor);
+    tuple_outputs!(Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+    tuple_outputs!(Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor Tensor);
+}

@@ -214,6 +214,12 @@ enum GradientSpec {
 }
 
 impl OpBuilder {
+    pub(crate) fn from_source(name: &str, source: Source) -> Self {
+        let mut b = PyOp::builder(name);
+        b.body = BodySpec::Source(source);
+        b
+    }
+
     /// The body is defined in `code`; the function's name defaults to the op's.
     pub fn code(mut self, code: impl Into<String>) -> Self {
         let filename = format!("<pyop op `{}`>", self.name);

@@ -1,0 +1,142 @@
+//! Writes the wrapper function, or on error the user's function next to the errors.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+
+use crate::ast::{Function, Item, ParamKind};
+use crate::attr::{Grad, Options};
+use crate::ctxt::Ctxt;
+use crate::valid;
+
+pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item: Item = match syn::parse2(item.clone()) {
+        Ok(i) => i,
+        Err(e) => {
+            let err = e.to_compile_error();
+            return quote!(#err #item);
+        }
+    };
+    let cx = Ctxt::new();
+    let opts = Options::parse(&cx, args);
+    let function = Function::from_item(&cx, &item);
+    valid::check(&cx, &opts, &function);
+    match cx.check() {
+        Ok(()) => expand(&opts, &function),
+        Err(e) => {
+            let errors = e.to_compile_error();
+            let fallback = fallback(&item);
+            quote!(#errors #fallback)
+        }
+    }
+}
+
+/// The user's function with a body that never runs, so one mistake does not cascade into errors
+/// at every call site.
+fn fallback(item: &Item) -> TokenStream {
+    let sig = &item.sig;
+    if sig.receiver().is_some() {
+        return TokenStream::new();
+    }
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    quote! {
+        #(#attrs)*
+        #[allow(unused_variables, clippy::diverging_sub_expression)]
+        #vis #sig {
+            ::core::unreachable!("#[py_op] declaration has errors")
+        }
+    }
+}
+
+fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
+    let item = f.item;
+    let krate = opts.krate.as_ref().map(|a| {
+        let p = &a.value;
+        quote!(#p)
+    });
+    let krate = krate.unwrap_or_else(|| quote!(::pyop));
+    let p = quote!(#krate::__private);
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let sig = &item.sig;
+    let ident = &sig.ident;
+    let name = ident.to_string();
+    let function = opts.name.as_ref().map(|a| a.value.value()).unwrap_or_else(|| name.clone());
+
+    let source = if let Some(file) = &opts.file {
+        let lit = &file.value;
+        let path = lit.value();
+        let joined = quote_spanned!(lit.span()=> ::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #lit));
+        let include = quote_spanned!(lit.span()=> ::core::include_str!(#joined));
+        quote!(#p::SourceDecl::File { path: #path, abs: #joined, text: #include })
+    } else if let Some(code) = &opts.code {
+        let lit = &code.value;
+        quote!(#p::SourceDecl::Code(#lit))
+    } else {
+        let lit = &opts.module.as_ref().expect("validated: one source").value;
+        quote!(#p::SourceDecl::Module(#lit))
+    };
+    let mode = if opts.numpy.is_some() { quote!(#p::Mode::Numpy) } else { quote!(#p::Mode::Tensor) };
+    let tout = opts.tout.as_ref().expect("validated").value.outputs.iter().map(|o| {
+        let v = format_ident!("{}", o.variant, span = o.dtype.span());
+        match &o.shape {
+            None => quote!(#p::OutSpec::new(#p::DType::#v)),
+            Some(dims) => {
+                let dims = dims.iter().map(|d| match d {
+                    Some(n) => quote!(::core::option::Option::Some(#n)),
+                    None => quote!(::core::option::Option::None),
+                });
+                quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
+            }
+        }
+    });
+    let grad = match opts.grad.as_ref().map(|a| &a.value) {
+        None => quote!(::core::option::Option::None),
+        Some(Grad::Python(s)) => quote!(::core::option::Option::Some(#p::GradDecl::Python(#s))),
+        Some(Grad::Rust(path)) => quote!(::core::option::Option::Some(#p::GradDecl::Rust(#path))),
+    };
+    let timeout = match &opts.timeout_ms {
+        None => quote!(::core::option::Option::None),
+        Some(a) => {
+            let ms = &a.value;
+            quote!(::core::option::Option::Some(#ms))
+        }
+    };
+    let py_params: Vec<_> = f.params.iter().filter(|x| x.kind != ParamKind::Device).collect();
+    let param_names = py_params.iter().map(|x| x.name.to_string());
+    let args = py_params.iter().map(|x| {
+        let n = &x.name;
+        quote!(#p::Arg::from(#n))
+    });
+    let device = match f.params.iter().find(|x| x.kind == ParamKind::Device) {
+        Some(d) => {
+            let n = &d.name;
+            quote!(::core::option::Option::Some(#n))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let line_span = ident.span();
+    let line = quote_spanned!(line_span=> ::core::line!());
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            static __PYOP_DECL: #p::OpDecl = #p::OpDecl {
+                name: #name,
+                module_path: ::core::module_path!(),
+                file: ::core::file!(),
+                line: #line,
+                source: #source,
+                function: #function,
+                mode: #mode,
+                tout: &[#(#tout),*],
+                grad: #grad,
+                params: &[#(#param_names),*],
+                timeout_ms: #timeout,
+            };
+            static __PYOP_OP: #p::StaticOp = #p::StaticOp::new(&__PYOP_DECL);
+            #p::inventory::submit! { #p::Registration(&__PYOP_DECL) }
+            let __pyop_outputs = __PYOP_OP.call(&[#(#args),*], #device)?;
+            ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
+        }
+    }
+}
