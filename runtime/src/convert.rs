@@ -369,42 +369,18 @@ pub(crate) fn value_to_tensor(
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
     let what = check.what;
-    let tensor = if let Ok(t) = value.cast::<PyTensor>() {
-        let t = t.get().tensor().clone();
-        if t.dtype() != spec.dtype {
+    let tensor = match to_tensor(py, value, Some(spec.dtype), check.inputs) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
             return Err(check.error(
                 Some(index),
                 format!(
-                    "{what} {index}: expected dtype {}, got a pyop.Tensor of dtype {}",
-                    spec.dtype.as_str(),
-                    t.dtype().as_str()
+                    "{what} {index}: expected {spec} (a pyop.Tensor, NumPy array, number or list), got {}",
+                    describe_value(value)
                 ),
-            ));
+            ))
         }
-        t
-    } else if let Some(array) = as_numpy_array(py, value).map_err(|e| {
-        check.error(Some(index), format!("{what} {index}: {}", crate::python::describe(py, &e)))
-    })? {
-        array_to_tensor(py, check, index, spec, &array)?
-    } else if value.is_instance_of::<PyBool>()
-        || value.is_instance_of::<PyInt>()
-        || value.is_instance_of::<PyFloat>()
-        || value.is_instance_of::<PyList>()
-    {
-        let mut buf = Buffer::new(spec.dtype);
-        let mut dims = Vec::new();
-        collect_nested(value, 0, &mut dims, &mut buf)
-            .map_err(|msg| check.error(Some(index), format!("{what} {index}: {msg}")))?;
-        buf.into_tensor(&dims)?
-    } else {
-        return Err(check.error(
-            Some(index),
-            format!(
-                "{what} {index}: expected {} (a pyop.Tensor, NumPy array, number or list), got {}",
-                spec,
-                describe_value(value)
-            ),
-        ));
+        Err(msg) => return Err(check.error(Some(index), format!("{what} {index}: {msg}"))),
     };
     if !spec.shape_matches(tensor.dims()) {
         return Err(check.error(
@@ -413,6 +389,60 @@ pub(crate) fn value_to_tensor(
         ));
     }
     Ok(tensor.to_device(check.device)?)
+}
+
+/// Converts a Python value to a tensor (on the CPU, or where a `pyop.Tensor` already is).
+///
+/// With `dtype`, a `pyop.Tensor` or NumPy array must have exactly that dtype (a bool array passes
+/// for u8) and numbers are fitted to it exactly; without, the dtype is the value's own, or f32 for
+/// floats, i64 for ints and u8 for bools. `Ok(None)`: the value is nothing tensor-like.
+pub(crate) fn to_tensor(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    inputs: &[Prepared],
+) -> std::result::Result<Option<Tensor>, String> {
+    if let Ok(t) = value.cast::<PyTensor>() {
+        let t = t.get().tensor().clone();
+        return match dtype {
+            Some(d) if d != t.dtype() => Err(format!(
+                "expected dtype {}, got a pyop.Tensor of dtype {}",
+                d.as_str(),
+                t.dtype().as_str()
+            )),
+            _ => Ok(Some(t)),
+        };
+    }
+    let is_number = value.is_instance_of::<PyBool>() || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
+    if !is_number {
+        if let Some(array) = as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))? {
+            return array_to_tensor(py, dtype, &array, inputs).map(Some);
+        }
+    }
+    if is_number || value.is_instance_of::<PyList>() {
+        let mut leaves = Vec::new();
+        let mut dims = Vec::new();
+        collect_nested(value, 0, &mut dims, &mut leaves)?;
+        let dtype = dtype.unwrap_or_else(|| infer_dtype(&leaves));
+        let mut buf = Buffer::new(dtype);
+        for s in leaves {
+            buf.push(s)?;
+        }
+        return buf.into_tensor(&dims).map(Some).map_err(|e| e.to_string());
+    }
+    Ok(None)
+}
+
+fn infer_dtype(leaves: &[Scalar]) -> DType {
+    if leaves.iter().any(|s| matches!(s, Scalar::Float(_))) {
+        DType::F32
+    } else if leaves.iter().any(|s| matches!(s, Scalar::Int(_) | Scalar::UInt(_))) {
+        DType::I64
+    } else if leaves.is_empty() {
+        DType::F32
+    } else {
+        DType::U8
+    }
 }
 
 /// The value as a NumPy array if it is one or a NumPy scalar. NumPy is looked up in
@@ -435,57 +465,51 @@ fn as_numpy_array<'py>(
     Ok(None)
 }
 
-/// Whether a NumPy dtype is exactly candle's `dtype` (native byte order), or bool for u8.
-fn dtype_matches(descr: &Bound<'_, PyArrayDescr>, dtype: DType) -> bool {
-    let (kind, size) = match dtype {
-        DType::U8 => (b'u', 1),
-        DType::U32 => (b'u', 4),
-        DType::I16 => (b'i', 2),
-        DType::I32 => (b'i', 4),
-        DType::I64 => (b'i', 8),
-        DType::F16 => (b'f', 2),
-        DType::F32 => (b'f', 4),
-        DType::F64 => (b'f', 8),
-        _ => return false,
-    };
-    let k = descr.kind();
-    let native = descr.is_native_byteorder() != Some(false);
-    native
-        && descr.itemsize() == size
-        && (k == kind || (dtype == DType::U8 && k == b'b'))
-        && !descr.has_fields()
-        && !descr.has_subarray()
+/// The candle dtype of a NumPy dtype, if candle has one (bool → u8).
+fn candle_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    if descr.is_native_byteorder() == Some(false) || descr.has_fields() || descr.has_subarray() {
+        return None;
+    }
+    Some(match (descr.kind(), descr.itemsize()) {
+        (b'u' | b'b', 1) => DType::U8,
+        (b'u', 4) => DType::U32,
+        (b'i', 2) => DType::I16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        _ => return None,
+    })
 }
 
 fn array_to_tensor(
     py: Python<'_>,
-    check: &OutputCheck<'_>,
-    index: usize,
-    spec: &OutSpec,
+    dtype: Option<DType>,
     array: &Bound<'_, PyUntypedArray>,
-) -> Result<Tensor> {
-    let what = check.what;
+    inputs: &[Prepared],
+) -> std::result::Result<Tensor, String> {
     let descr = array.dtype();
-    if !dtype_matches(&descr, spec.dtype) {
-        let extra = if descr.has_object() {
-            " (object arrays are not tensors)"
-        } else if descr.has_fields() {
-            " (structured arrays are not tensors)"
-        } else {
-            ""
-        };
-        return Err(check.error(
-            Some(index),
-            format!(
-                "{what} {index}: expected dtype {}, got a NumPy array of dtype {}{extra}",
-                spec.dtype.as_str(),
-                dtype_name(&descr)
-            ),
-        ));
-    }
+    let dtype = match (candle_dtype(&descr), dtype) {
+        (Some(have), Some(want)) if have == want => want,
+        (Some(_), None) => candle_dtype(&descr).expect("some"),
+        (have, want) => {
+            let extra = if descr.has_object() {
+                " (object arrays are not tensors)"
+            } else if descr.has_fields() {
+                " (structured arrays are not tensors)"
+            } else if have.is_none() {
+                " (candle has no such dtype)"
+            } else {
+                ""
+            };
+            let want = want.map_or("a dtype candle has".to_owned(), |w| format!("dtype {}", w.as_str()));
+            return Err(format!("expected {want}, got a NumPy array of dtype {}{extra}", dtype_name(&descr)));
+        }
+    };
     let dims = array.shape().to_vec();
     // An input's own view, handed back unchanged: share the input's storage, as Tensor::clone does.
-    if let Some(input) = returned_input(array, check.inputs) {
+    if let Some(input) = returned_input(array, inputs) {
         return Ok(input.tensor.clone());
     }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
@@ -493,10 +517,10 @@ fn array_to_tensor(
     let contiguous = if array.is_c_contiguous() && array.is_aligned() {
         array.clone()
     } else {
-        let np = py.import("numpy").map_err(|e| crate::python::python_error(py, check.op, e))?;
-        np.call_method1("ascontiguousarray", (array,))
+        py.import("numpy")
+            .and_then(|np| np.call_method1("ascontiguousarray", (array,)))
             .and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?))
-            .map_err(|e| crate::python::python_error(py, check.op, e))?
+            .map_err(|e| crate::python::describe(py, &e))?
     };
     let n: usize = dims.iter().product();
     // SAFETY: the array is C-contiguous and aligned, of `n` elements of the dtype checked above,
@@ -510,7 +534,7 @@ fn array_to_tensor(
                 Tensor::from_slice(slice, shape, &Device::Cpu)
             }};
         }
-        match spec.dtype {
+        match dtype {
             DType::U8 => from!(u8),
             DType::U32 => from!(u32),
             DType::I16 => from!(i16),
@@ -519,12 +543,12 @@ fn array_to_tensor(
             DType::F16 => from!(half::f16),
             DType::F32 => from!(f32),
             DType::F64 => from!(f64),
-            _ => unreachable!("dtype_matches accepts only NumPy dtypes"),
+            _ => unreachable!("candle_dtype gives only NumPy dtypes"),
         }
     };
     // Large copies run without the GIL, so other threads' Python goes on meanwhile.
-    let t = if n * spec.dtype.size_in_bytes() >= 1 << 20 { py.detach(copy) } else { copy() };
-    Ok(t?)
+    let t = if n * dtype.size_in_bytes() >= 1 << 20 { py.detach(copy) } else { copy() };
+    t.map_err(|e| e.to_string())
 }
 
 /// The input whose NumPy view `array` is, if the body returned one of them unchanged.
@@ -555,17 +579,17 @@ fn returned_input<'a>(array: &Bound<'_, PyUntypedArray>, inputs: &'a [Prepared])
     })
 }
 
-/// Walks a (nested) list of numbers, checking it is rectangular, into `buf`.
+/// Walks a (nested) list of numbers, checking it is rectangular.
 fn collect_nested(
     v: &Bound<'_, PyAny>,
     depth: usize,
     dims: &mut Vec<usize>,
-    buf: &mut Buffer,
+    leaves: &mut Vec<Scalar>,
 ) -> std::result::Result<(), String> {
     if let Ok(list) = v.cast::<PyList>() {
         let n = list.len();
         if depth == dims.len() {
-            if buf.len() > 0 {
+            if !leaves.is_empty() {
                 return Err("ragged nested list (not rectangular)".into());
             }
             dims.push(n);
@@ -576,31 +600,36 @@ fn collect_nested(
             ));
         }
         for item in list.iter() {
-            collect_nested(&item, depth + 1, dims, buf)?;
+            collect_nested(&item, depth + 1, dims, leaves)?;
         }
         return Ok(());
     }
     if depth != dims.len() {
         return Err("ragged nested list: a number where a list was expected".into());
     }
-    let scalar = if v.is_instance_of::<PyBool>() {
-        Scalar::Bool(v.extract::<bool>().map_err(|e| e.to_string())?)
+    leaves.push(scalar(v)?);
+    Ok(())
+}
+
+/// A Python bool, int or float as a [`Scalar`].
+pub(crate) fn scalar(v: &Bound<'_, PyAny>) -> std::result::Result<Scalar, String> {
+    if v.is_instance_of::<PyBool>() {
+        Ok(Scalar::Bool(v.extract::<bool>().map_err(|e| e.to_string())?))
     } else if v.is_instance_of::<PyInt>() {
         match v.extract::<i64>() {
-            Ok(i) => Scalar::Int(i),
+            Ok(i) => Ok(Scalar::Int(i)),
             Err(_) => match v.extract::<u64>() {
-                Ok(u) => Scalar::UInt(u),
-                Err(_) => return Err(format!("the int {} does not fit any tensor dtype", v)),
+                Ok(u) => Ok(Scalar::UInt(u)),
+                Err(_) => Err(format!("the int {v} does not fit any tensor dtype")),
             },
         }
     } else if v.is_instance_of::<PyFloat>() {
-        Scalar::Float(v.extract::<f64>().map_err(|e| e.to_string())?)
+        Ok(Scalar::Float(v.extract::<f64>().map_err(|e| e.to_string())?))
     } else if v.is_instance_of::<PyDict>() {
-        return Err("expected numbers, got a dict".into());
+        Err("expected numbers, got a dict".into())
     } else {
-        return Err(format!("expected numbers, got {}", describe_value(v)));
-    };
-    buf.push(scalar)
+        Err(format!("expected numbers, got {}", describe_value(v)))
+    }
 }
 
 /// A Python number, before it is fitted to a dtype.
@@ -640,21 +669,6 @@ impl Buffer {
             DType::F32 => Buffer::F32(Vec::new()),
             DType::F64 => Buffer::F64(Vec::new()),
             d => Buffer::Unsupported(d),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Buffer::U8(v) => v.len(),
-            Buffer::U32(v) => v.len(),
-            Buffer::I16(v) => v.len(),
-            Buffer::I32(v) => v.len(),
-            Buffer::I64(v) => v.len(),
-            Buffer::BF16(v) => v.len(),
-            Buffer::F16(v) => v.len(),
-            Buffer::F32(v) => v.len(),
-            Buffer::F64(v) => v.len(),
-            Buffer::Unsupported(_) => 0,
         }
     }
 

@@ -357,6 +357,7 @@ impl Node {
         let args = self.args_with_lists(&lists);
         let device = self.prepared.first().map(|p| p.tensor.device().clone()).unwrap_or(candle_core::Device::Cpu);
         let result = with_gil(&op.name, |py| {
+            let _device = crate::tensor::DeviceScope::enter(&device);
             let inputs = convert::python_args(py, op.mode, &args, &self.prepared).map_err(|e| python::python_error(py, &op.name, e))?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
             let outputs = convert::python_args(py, op.mode, &outs, &out_prepared).map_err(|e| python::python_error(py, &op.name, e))?;

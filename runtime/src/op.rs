@@ -90,6 +90,11 @@ impl PyOp {
         &self.inner.tout
     }
 
+    /// Where the body came from (`None` for a body given as a callable).
+    pub fn source(&self) -> Option<&Source> {
+        self.inner.source.as_ref()
+    }
+
     /// What the op has cost so far.
     pub fn stats(&self) -> OpStats {
         self.inner.counters.snapshot()
@@ -122,6 +127,7 @@ impl PyOp {
         let started = Instant::now();
         let timeout = options.timeout.or(op.timeout);
         let result = with_gil(&op.name, |py| {
+            let _device = crate::tensor::DeviceScope::enter(&device);
             if op.mode == Mode::Numpy {
                 python::ensure_numpy(py, &op.name)?;
             }
