@@ -29,7 +29,10 @@ fn main() -> pyop::Result<()> {
         let y = log_huber(&x, &m)?;
         let grads = y.backward()?;
         println!("y = {}", y.to_scalar::<f32>()?);
-        println!("dy/dx = {}", grads.get(&x).expect("x is used").to_scalar::<f32>()?);
+        println!(
+            "dy/dx = {}",
+            grads.get(&x).expect("x is used").to_scalar::<f32>()?
+        );
         if let Some(g) = grads.get(&m) {
             println!("dy/dm = {}", g.to_scalar::<f32>()?);
         }

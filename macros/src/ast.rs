@@ -2,7 +2,10 @@
 
 use proc_macro2::TokenStream;
 use syn::parse::{Parse, ParseStream};
-use syn::{Attribute, FnArg, GenericArgument, Ident, PathArguments, ReturnType, Signature, Token, Type, Visibility};
+use syn::{
+    Attribute, FnArg, GenericArgument, Ident, PathArguments, ReturnType, Signature, Token, Type,
+    Visibility,
+};
 
 use crate::ctxt::Ctxt;
 
@@ -26,7 +29,12 @@ impl Parse for Item {
         } else {
             Some(input.parse()?)
         };
-        Ok(Item { attrs, vis, sig, body })
+        Ok(Item {
+            attrs,
+            vis,
+            sig,
+            body,
+        })
     }
 }
 
@@ -65,17 +73,25 @@ pub struct Function<'a> {
     pub output: TokenStream,
 }
 
-const PARAM_TYPES: &str = "&Tensor, &[Tensor], f64, i64, bool, &str, &[f64], &[i64], Option<...> of these, or &Device";
-const RETURN_TYPES: &str = "`pyop::Result<Tensor>`, `pyop::Result<(Tensor, ...)>` or `pyop::Result<()>`";
+const PARAM_TYPES: &str =
+    "&Tensor, &[Tensor], f64, i64, bool, &str, &[f64], &[i64], Option<...> of these, or &Device";
+const RETURN_TYPES: &str =
+    "`pyop::Result<Tensor>`, `pyop::Result<(Tensor, ...)>` or `pyop::Result<()>`";
 
 impl<'a> Function<'a> {
     pub fn from_item(cx: &Ctxt, item: &'a Item) -> Function<'a> {
         let sig = &item.sig;
         if let Some(body) = &item.body {
-            cx.error_spanned_by(body, "a #[py_op] function has no body (its body is Python): end the signature with `;`");
+            cx.error_spanned_by(
+                body,
+                "a #[py_op] function has no body (its body is Python): end the signature with `;`",
+            );
         }
         if let Some(a) = &sig.asyncness {
-            cx.error_spanned_by(a, "a #[py_op] function cannot be `async`: op calls are synchronous");
+            cx.error_spanned_by(
+                a,
+                "a #[py_op] function cannot be `async`: op calls are synchronous",
+            );
         }
         if let Some(c) = &sig.constness {
             cx.error_spanned_by(c, "a #[py_op] function cannot be `const`");
@@ -87,7 +103,10 @@ impl<'a> Function<'a> {
             cx.error_spanned_by(abi, "a #[py_op] function cannot have an ABI");
         }
         if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-            cx.error_spanned_by(&sig.generics, "a #[py_op] function cannot be generic: its parameters have fixed types");
+            cx.error_spanned_by(
+                &sig.generics,
+                "a #[py_op] function cannot be generic: its parameters have fixed types",
+            );
         }
         if let Some(v) = &sig.variadic {
             cx.error_spanned_by(v, "a #[py_op] function cannot be variadic");
@@ -96,7 +115,10 @@ impl<'a> Function<'a> {
         let mut devices = 0;
         for arg in &sig.inputs {
             match arg {
-                FnArg::Receiver(r) => cx.error_spanned_by(r, "a #[py_op] function cannot take `self`: declare it as a free function"),
+                FnArg::Receiver(r) => cx.error_spanned_by(
+                    r,
+                    "a #[py_op] function cannot take `self`: declare it as a free function",
+                ),
                 FnArg::Typed(pt) => {
                     let syn::Pat::Ident(pi) = &*pt.pat else {
                         cx.error_spanned_by(&pt.pat, "a #[py_op] parameter must be a plain name");
@@ -110,27 +132,44 @@ impl<'a> Function<'a> {
                                     cx.error_spanned_by(&pt.ty, "only one `&Device` parameter is allowed: it names the outputs' device");
                                 }
                             }
-                            params.push(Param { name: pi.ident.clone(), kind })
+                            params.push(Param {
+                                name: pi.ident.clone(),
+                                kind,
+                            })
                         }
-                        None => cx.error_spanned_by(&pt.ty, format!("unsupported parameter type; expected {PARAM_TYPES}")),
+                        None => cx.error_spanned_by(
+                            &pt.ty,
+                            format!("unsupported parameter type; expected {PARAM_TYPES}"),
+                        ),
                     }
                 }
             }
         }
         let (returns, output) = match &sig.output {
             ReturnType::Default => {
-                cx.error_spanned_by(&sig.ident, format!("a #[py_op] function must return {RETURN_TYPES}"));
+                cx.error_spanned_by(
+                    &sig.ident,
+                    format!("a #[py_op] function must return {RETURN_TYPES}"),
+                );
                 (None, TokenStream::new())
             }
             ReturnType::Type(_, ty) => {
                 let r = returns(ty);
                 if r.is_none() {
-                    cx.error_spanned_by(ty, format!("unsupported return type; expected {RETURN_TYPES}"));
+                    cx.error_spanned_by(
+                        ty,
+                        format!("unsupported return type; expected {RETURN_TYPES}"),
+                    );
                 }
                 (r, quote::quote!(#ty))
             }
         };
-        Function { item, params, returns, output }
+        Function {
+            item,
+            params,
+            returns,
+            output,
+        }
     }
 }
 
@@ -163,7 +202,9 @@ fn classify(ty: &Type) -> Option<(ParamKind, bool)> {
     if let Some(seg) = last_segment(ty) {
         if seg.ident == "Option" {
             let args = generic_args(seg);
-            let [inner] = args.as_slice() else { return None };
+            let [inner] = args.as_slice() else {
+                return None;
+            };
             let (kind, optional) = classify(inner)?;
             return (!optional && kind != ParamKind::Device).then_some((kind, true));
         }
@@ -198,7 +239,9 @@ fn returns(ty: &Type) -> Option<Returns> {
     }
     match ok {
         Type::Tuple(t) if t.elems.is_empty() => Some(Returns::Unit),
-        Type::Tuple(t) if t.elems.iter().all(|e| is_named(e, "Tensor")) => Some(Returns::Tuple(t.elems.len())),
+        Type::Tuple(t) if t.elems.iter().all(|e| is_named(e, "Tensor")) => {
+            Some(Returns::Tuple(t.elems.len()))
+        }
         t if is_named(t, "Tensor") => Some(Returns::One),
         _ => None,
     }

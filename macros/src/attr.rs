@@ -7,7 +7,8 @@ use syn::{LitInt, LitStr};
 use crate::ctxt::Ctxt;
 
 /// The keys `#[py_op]` accepts.
-const KEYS: &str = "`file`, `code`, `module`, `name`, `numpy`, `tout`, `grad`, `timeout_ms`, `crate`";
+const KEYS: &str =
+    "`file`, `code`, `module`, `name`, `numpy`, `tout`, `grad`, `timeout_ms`, `crate`";
 
 /// The dtypes `tout` accepts: the name written, candle's variant, and whether NumPy has it.
 pub const DTYPES: &[(&str, &str, bool)] = &[
@@ -90,7 +91,9 @@ impl Options {
         let rest: Vec<TokenTree> = it.collect();
         let value = match rest.first() {
             None => None,
-            Some(TokenTree::Punct(p)) if p.as_char() == '=' => Some(rest[1..].iter().cloned().collect::<TokenStream>()),
+            Some(TokenTree::Punct(p)) if p.as_char() == '=' => {
+                Some(rest[1..].iter().cloned().collect::<TokenStream>())
+            }
             Some(other) => {
                 cx.error_spanned_by(other, format!("expected `=` after `{}`", key.ident));
                 return;
@@ -99,9 +102,15 @@ impl Options {
         let name = key.ident.to_string();
         if name != "numpy" && value.as_ref().is_none_or(|v| v.is_empty()) {
             if KEYS.contains(&format!("`{name}`")) {
-                cx.error_spanned_by(&key.ident, format!("`{name}` needs a value: `{name} = ...`"));
+                cx.error_spanned_by(
+                    &key.ident,
+                    format!("`{name}` needs a value: `{name} = ...`"),
+                );
             } else {
-                cx.error_spanned_by(&key.ident, format!("unknown key `{name}`; expected one of {KEYS}"));
+                cx.error_spanned_by(
+                    &key.ident,
+                    format!("unknown key `{name}`; expected one of {KEYS}"),
+                );
             }
             return;
         }
@@ -109,7 +118,12 @@ impl Options {
         match name.as_str() {
             "file" => set(cx, &mut self.file, key, parse_lit_str(cx, value, "file")),
             "code" => set(cx, &mut self.code, key, parse_lit_str(cx, value, "code")),
-            "module" => set(cx, &mut self.module, key, parse_lit_str(cx, value, "module")),
+            "module" => set(
+                cx,
+                &mut self.module,
+                key,
+                parse_lit_str(cx, value, "module"),
+            ),
             "name" => set(cx, &mut self.name, key, parse_lit_str(cx, value, "name")),
             "numpy" => {
                 if !value.is_empty() {
@@ -127,28 +141,41 @@ impl Options {
                     .ok()
                     .filter(|l| l.base10_parse::<u64>().is_ok_and(|ms| ms > 0));
                 if lit.is_none() {
-                    cx.error_spanned_by(&value, "expected a positive number of milliseconds: `timeout_ms = 500`");
+                    cx.error_spanned_by(
+                        &value,
+                        "expected a positive number of milliseconds: `timeout_ms = 500`",
+                    );
                 }
                 set(cx, &mut self.timeout_ms, key, lit)
             }
             "crate" => {
-                let path = parse_lit_str(cx, value, "crate").and_then(|s| match s.parse::<syn::Path>() {
-                    Ok(p) => Some(p),
-                    Err(_) => {
-                        cx.error_spanned_by(&s, "expected a path: `crate = \"my_crate::pyop\"`");
-                        None
-                    }
-                });
+                let path =
+                    parse_lit_str(cx, value, "crate").and_then(|s| match s.parse::<syn::Path>() {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            cx.error_spanned_by(
+                                &s,
+                                "expected a path: `crate = \"my_crate::pyop\"`",
+                            );
+                            None
+                        }
+                    });
                 set(cx, &mut self.krate, key, path)
             }
-            _ => cx.error_spanned_by(&key.ident, format!("unknown key `{name}`; expected one of {KEYS}")),
+            _ => cx.error_spanned_by(
+                &key.ident,
+                format!("unknown key `{name}`; expected one of {KEYS}"),
+            ),
         }
     }
 }
 
 fn set<T>(cx: &Ctxt, slot: &mut Option<Attr<T>>, key: Key, value: Option<T>) {
     if slot.is_some() {
-        cx.error_spanned_by(&key.ident, format!("`{}` may only be specified once", key.ident));
+        cx.error_spanned_by(
+            &key.ident,
+            format!("`{}` may only be specified once", key.ident),
+        );
         return;
     }
     if let Some(value) = value {
@@ -173,7 +200,10 @@ fn parse_lit_str(cx: &Ctxt, value: TokenStream, key: &str) -> Option<LitStr> {
     match syn::parse2::<LitStr>(value.clone()) {
         Ok(s) => Some(s),
         Err(_) => {
-            cx.error_spanned_by(&value, format!("expected a string literal: `{key} = \"...\"`"));
+            cx.error_spanned_by(
+                &value,
+                format!("expected a string literal: `{key} = \"...\"`"),
+            );
             None
         }
     }
@@ -195,13 +225,16 @@ fn parse_grad(cx: &Ctxt, value: TokenStream) -> Option<Grad> {
     }
 }
 
-const TOUT_FORMS: &str = "a dtype like `f32`, a shaped one like `f32[_, 3]`, a tuple like `(f32, i64)`, or `()`";
+const TOUT_FORMS: &str =
+    "a dtype like `f32`, a shaped one like `f32[_, 3]`, a tuple like `(f32, i64)`, or `()`";
 
 fn parse_tout(cx: &Ctxt, value: TokenStream) -> Option<Tout> {
     let tokens = value.clone();
     let trees: Vec<TokenTree> = value.into_iter().collect();
     let specs: Vec<Vec<TokenTree>> = match trees.as_slice() {
-        [TokenTree::Group(g)] if g.delimiter() == Delimiter::Parenthesis => split_commas(g.stream()),
+        [TokenTree::Group(g)] if g.delimiter() == Delimiter::Parenthesis => {
+            split_commas(g.stream())
+        }
         _ => vec![trees],
     };
     let mut outputs = Vec::new();
@@ -225,22 +258,38 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
     let name = dtype.to_string();
     let Some(&(_, variant, numpy_ok)) = DTYPES.iter().find(|(n, _, _)| *n == name) else {
         let names: Vec<&str> = DTYPES.iter().map(|d| d.0).collect();
-        cx.error_spanned_by(dtype, format!("unknown dtype `{name}`; expected one of {}", names.join(", ")));
+        cx.error_spanned_by(
+            dtype,
+            format!(
+                "unknown dtype `{name}`; expected one of {}",
+                names.join(", ")
+            ),
+        );
         return None;
     };
     let shape = match it.next() {
         None => None,
-        Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Bracket => Some(parse_shape(cx, g.stream(), g.span())?),
+        Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Bracket => {
+            Some(parse_shape(cx, g.stream(), g.span())?)
+        }
         Some(other) => {
             cx.error_spanned_by(other, format!("malformed `tout`: expected {TOUT_FORMS}"));
             return None;
         }
     };
     if let Some(extra) = it.next() {
-        cx.error_spanned_by(extra, format!("malformed `tout`: unexpected token; expected {TOUT_FORMS}"));
+        cx.error_spanned_by(
+            extra,
+            format!("malformed `tout`: unexpected token; expected {TOUT_FORMS}"),
+        );
         return None;
     }
-    Some(OutDecl { dtype: dtype.clone(), variant, numpy_ok, shape })
+    Some(OutDecl {
+        dtype: dtype.clone(),
+        variant,
+        numpy_ok,
+        shape,
+    })
 }
 
 fn parse_shape(cx: &Ctxt, ts: TokenStream, span: Span) -> Option<Vec<Option<usize>>> {
@@ -250,7 +299,10 @@ fn parse_shape(cx: &Ctxt, ts: TokenStream, span: Span) -> Option<Vec<Option<usiz
         let d: TokenStream = dim.iter().cloned().collect();
         match dim.as_slice() {
             [TokenTree::Ident(i)] if i == "_" => dims.push(None),
-            [TokenTree::Literal(_)] => match syn::parse2::<LitInt>(d.clone()).ok().and_then(|l| l.base10_parse::<usize>().ok()) {
+            [TokenTree::Literal(_)] => match syn::parse2::<LitInt>(d.clone())
+                .ok()
+                .and_then(|l| l.base10_parse::<usize>().ok())
+            {
                 Some(n) => dims.push(Some(n)),
                 None => {
                     cx.error_spanned_by(&d, "malformed shape: a size must be a whole number like `3`, or `_` for any size");
@@ -258,7 +310,10 @@ fn parse_shape(cx: &Ctxt, ts: TokenStream, span: Span) -> Option<Vec<Option<usiz
                 }
             },
             _ => {
-                cx.error_spanned_by(&d, "malformed shape: expected `_` (any size) or a size like `3`, e.g. `f32[_, 3]`");
+                cx.error_spanned_by(
+                    &d,
+                    "malformed shape: expected `_` (any size) or a size like `3`, e.g. `f32[_, 3]`",
+                );
                 ok = false;
             }
         }

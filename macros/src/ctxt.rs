@@ -12,7 +12,9 @@ pub struct Ctxt {
 
 impl Ctxt {
     pub fn new() -> Self {
-        Ctxt { errors: RefCell::new(Some(Vec::new())) }
+        Ctxt {
+            errors: RefCell::new(Some(Vec::new())),
+        }
     }
 
     /// Records an error spanning `tokens`.
@@ -21,7 +23,11 @@ impl Ctxt {
     }
 
     pub fn syn_error(&self, err: syn::Error) {
-        self.errors.borrow_mut().as_mut().expect("checked once").push(err);
+        self.errors
+            .borrow_mut()
+            .as_mut()
+            .expect("checked once")
+            .push(err);
     }
 
     /// Every error recorded, combined into one; consumes the context.

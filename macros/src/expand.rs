@@ -61,7 +61,11 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     let sig = &item.sig;
     let ident = &sig.ident;
     let name = ident.to_string();
-    let function = opts.name.as_ref().map(|a| a.value.value()).unwrap_or_else(|| name.clone());
+    let function = opts
+        .name
+        .as_ref()
+        .map(|a| a.value.value())
+        .unwrap_or_else(|| name.clone());
 
     let source = if let Some(file) = &opts.file {
         let lit = &file.value;
@@ -76,20 +80,31 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         let lit = &opts.module.as_ref().expect("validated: one source").value;
         quote!(#p::SourceDecl::Module(#lit))
     };
-    let mode = if opts.numpy.is_some() { quote!(#p::Mode::Numpy) } else { quote!(#p::Mode::Tensor) };
-    let tout = opts.tout.as_ref().expect("validated").value.outputs.iter().map(|o| {
-        let v = format_ident!("{}", o.variant, span = o.dtype.span());
-        match &o.shape {
-            None => quote!(#p::OutSpec::new(#p::DType::#v)),
-            Some(dims) => {
-                let dims = dims.iter().map(|d| match d {
-                    Some(n) => quote!(::core::option::Option::Some(#n)),
-                    None => quote!(::core::option::Option::None),
-                });
-                quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
+    let mode = if opts.numpy.is_some() {
+        quote!(#p::Mode::Numpy)
+    } else {
+        quote!(#p::Mode::Tensor)
+    };
+    let tout = opts
+        .tout
+        .as_ref()
+        .expect("validated")
+        .value
+        .outputs
+        .iter()
+        .map(|o| {
+            let v = format_ident!("{}", o.variant, span = o.dtype.span());
+            match &o.shape {
+                None => quote!(#p::OutSpec::new(#p::DType::#v)),
+                Some(dims) => {
+                    let dims = dims.iter().map(|d| match d {
+                        Some(n) => quote!(::core::option::Option::Some(#n)),
+                        None => quote!(::core::option::Option::None),
+                    });
+                    quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
+                }
             }
-        }
-    });
+        });
     let grad = match opts.grad.as_ref().map(|a| &a.value) {
         None => quote!(::core::option::Option::None),
         Some(Grad::Python(s)) => quote!(::core::option::Option::Some(#p::GradDecl::Python(#s))),
@@ -102,7 +117,11 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             quote!(::core::option::Option::Some(#ms))
         }
     };
-    let py_params: Vec<_> = f.params.iter().filter(|x| x.kind != ParamKind::Device).collect();
+    let py_params: Vec<_> = f
+        .params
+        .iter()
+        .filter(|x| x.kind != ParamKind::Device)
+        .collect();
     let param_names = py_params.iter().map(|x| x.name.to_string());
     let args = py_params.iter().map(|x| {
         let n = &x.name;

@@ -7,7 +7,11 @@ use crate::attr::Options;
 use crate::ctxt::Ctxt;
 
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
-    let sources: Vec<_> = [&opts.file, &opts.code, &opts.module].into_iter().flatten().map(|a| &a.key).collect();
+    let sources: Vec<_> = [&opts.file, &opts.code, &opts.module]
+        .into_iter()
+        .flatten()
+        .map(|a| &a.key)
+        .collect();
     match sources.as_slice() {
         [] => cx.syn_error(syn::Error::new(
             Span::call_site(),
@@ -35,15 +39,25 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
             (0, Returns::Unit) => {}
             (0, _) => cx.error_spanned_by(
                 &tout.value.tokens,
-                format!("`tout = ()` declares no outputs but the function returns {}", plural(returned, "tensor")),
+                format!(
+                    "`tout = ()` declares no outputs but the function returns {}",
+                    plural(returned, "tensor")
+                ),
             ),
             (_, Returns::Unit) => cx.error_spanned_by(
                 &f.output,
-                format!("the function returns `()` but `tout` declares {}", plural(declared, "output")),
+                format!(
+                    "the function returns `()` but `tout` declares {}",
+                    plural(declared, "output")
+                ),
             ),
             (d, _) if d != returned => cx.error_spanned_by(
                 &tout.value.tokens,
-                format!("`tout` has {} but the function returns {}", plural(d, "output"), plural(returned, "tensor")),
+                format!(
+                    "`tout` has {} but the function returns {}",
+                    plural(d, "output"),
+                    plural(returned, "tensor")
+                ),
             ),
             _ => {}
         }

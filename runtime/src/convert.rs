@@ -125,7 +125,11 @@ fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
     // is differentiable, so gradients still reach the Var.
-    let t = if t.is_variable() { t.copy()? } else { t.clone() };
+    let t = if t.is_variable() {
+        t.copy()?
+    } else {
+        t.clone()
+    };
     match mode {
         Mode::Tensor => Ok(Prepared { tensor: t, data: 0 }),
         Mode::Numpy => {
@@ -141,7 +145,11 @@ fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
                     ),
                 ));
             }
-            let t = if t.device().is_cpu() { t } else { t.to_device(&Device::Cpu)? };
+            let t = if t.device().is_cpu() {
+                t
+            } else {
+                t.to_device(&Device::Cpu)?
+            };
             let data = {
                 let (storage, layout) = t.storage_and_layout();
                 let Storage::Cpu(cpu) = &*storage else {
@@ -301,14 +309,21 @@ pub(crate) fn outputs_from_python(
         }
         return Err(check.error(
             None,
-            format!("`tout = ()` expects the body to return None, got {}", describe_value(result)),
+            format!(
+                "`tout = ()` expects the body to return None, got {}",
+                describe_value(result)
+            ),
         ));
     }
     let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = result.cast::<PyTuple>() {
         if m == 1 && t.len() != 1 {
             return Err(check.error(
                 None,
-                format!("expected 1 {}, got a tuple of {} values", check.what, t.len()),
+                format!(
+                    "expected 1 {}, got a tuple of {} values",
+                    check.what,
+                    t.len()
+                ),
             ));
         }
         t.iter().collect()
@@ -349,15 +364,24 @@ pub(crate) fn describe_value(v: &Bound<'_, PyAny>) -> String {
         return "None".to_owned();
     }
     if let Ok(a) = v.cast::<PyUntypedArray>() {
-        return format!("a NumPy array of dtype {} and shape {:?}", dtype_name(&a.dtype()), a.shape());
+        return format!(
+            "a NumPy array of dtype {} and shape {:?}",
+            dtype_name(&a.dtype()),
+            a.shape()
+        );
     }
     let ty = v.get_type();
-    let name = ty.qualname().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
+    let name = ty
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into());
     format!("a value of type `{name}`")
 }
 
 fn dtype_name(d: &Bound<'_, PyArrayDescr>) -> String {
-    d.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+    d.str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// Converts one returned value to a tensor of `spec`'s dtype and shape on the op's device.
@@ -385,7 +409,10 @@ pub(crate) fn value_to_tensor(
     if !spec.shape_matches(tensor.dims()) {
         return Err(check.error(
             Some(index),
-            format!("{what} {index}: expected shape {spec}, got shape {:?}", tensor.dims()),
+            format!(
+                "{what} {index}: expected shape {spec}, got shape {:?}",
+                tensor.dims()
+            ),
         ));
     }
     Ok(tensor.to_device(check.device)?)
@@ -413,12 +440,20 @@ pub(crate) fn to_tensor(
             _ => Ok(Some(t)),
         };
     }
-    let is_number = value.is_instance_of::<PyBool>() || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
-    if !is_number {
-        if let Some(array) = as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))? {
+    // Exact Python numbers first (the common case); NumPy scalars before other numbers, since
+    // np.float64 is a subclass of float yet must match the declared dtype exactly.
+    let exact_number = value.is_exact_instance_of::<PyFloat>()
+        || value.is_exact_instance_of::<PyInt>()
+        || value.is_exact_instance_of::<PyBool>();
+    if !exact_number {
+        if let Some(array) =
+            as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))?
+        {
             return array_to_tensor(py, dtype, &array, inputs).map(Some);
         }
     }
+    let is_number =
+        exact_number || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
     if is_number || value.is_instance_of::<PyList>() {
         let mut leaves = Vec::new();
         let mut dims = Vec::new();
@@ -436,7 +471,10 @@ pub(crate) fn to_tensor(
 fn infer_dtype(leaves: &[Scalar]) -> DType {
     if leaves.iter().any(|s| matches!(s, Scalar::Float(_))) {
         DType::F32
-    } else if leaves.iter().any(|s| matches!(s, Scalar::Int(_) | Scalar::UInt(_))) {
+    } else if leaves
+        .iter()
+        .any(|s| matches!(s, Scalar::Int(_) | Scalar::UInt(_)))
+    {
         DType::I64
     } else if leaves.is_empty() {
         DType::F32
@@ -503,8 +541,13 @@ fn array_to_tensor(
             } else {
                 ""
             };
-            let want = want.map_or("a dtype candle has".to_owned(), |w| format!("dtype {}", w.as_str()));
-            return Err(format!("expected {want}, got a NumPy array of dtype {}{extra}", dtype_name(&descr)));
+            let want = want.map_or("a dtype candle has".to_owned(), |w| {
+                format!("dtype {}", w.as_str())
+            });
+            return Err(format!(
+                "expected {want}, got a NumPy array of dtype {}{extra}",
+                dtype_name(&descr)
+            ));
         }
     };
     let dims = array.shape().to_vec();
@@ -547,12 +590,19 @@ fn array_to_tensor(
         }
     };
     // Large copies run without the GIL, so other threads' Python goes on meanwhile.
-    let t = if n * dtype.size_in_bytes() >= 1 << 20 { py.detach(copy) } else { copy() };
+    let t = if n * dtype.size_in_bytes() >= 1 << 20 {
+        py.detach(copy)
+    } else {
+        copy()
+    };
     t.map_err(|e| e.to_string())
 }
 
 /// The input whose NumPy view `array` is, if the body returned one of them unchanged.
-fn returned_input<'a>(array: &Bound<'_, PyUntypedArray>, inputs: &'a [Prepared]) -> Option<&'a Prepared> {
+fn returned_input<'a>(
+    array: &Bound<'_, PyUntypedArray>,
+    inputs: &'a [Prepared],
+) -> Option<&'a Prepared> {
     if inputs.is_empty() {
         return None;
     }
@@ -614,7 +664,9 @@ fn collect_nested(
 /// A Python bool, int or float as a [`Scalar`].
 pub(crate) fn scalar(v: &Bound<'_, PyAny>) -> std::result::Result<Scalar, String> {
     if v.is_instance_of::<PyBool>() {
-        Ok(Scalar::Bool(v.extract::<bool>().map_err(|e| e.to_string())?))
+        Ok(Scalar::Bool(
+            v.extract::<bool>().map_err(|e| e.to_string())?,
+        ))
     } else if v.is_instance_of::<PyInt>() {
         match v.extract::<i64>() {
             Ok(i) => Ok(Scalar::Int(i)),
@@ -624,7 +676,9 @@ pub(crate) fn scalar(v: &Bound<'_, PyAny>) -> std::result::Result<Scalar, String
             },
         }
     } else if v.is_instance_of::<PyFloat>() {
-        Ok(Scalar::Float(v.extract::<f64>().map_err(|e| e.to_string())?))
+        Ok(Scalar::Float(
+            v.extract::<f64>().map_err(|e| e.to_string())?,
+        ))
     } else if v.is_instance_of::<PyDict>() {
         Err("expected numbers, got a dict".into())
     } else {
@@ -673,7 +727,10 @@ impl Buffer {
     }
 
     pub(crate) fn push(&mut self, s: Scalar) -> std::result::Result<(), String> {
-        fn int<T: TryFrom<i64> + TryFrom<u64>>(s: Scalar, name: &str) -> std::result::Result<T, String> {
+        fn int<T: TryFrom<i64> + TryFrom<u64>>(
+            s: Scalar,
+            name: &str,
+        ) -> std::result::Result<T, String> {
             let bad = || format!("{} does not fit dtype {name} exactly", show(s));
             match s {
                 Scalar::Bool(b) => T::try_from(b as i64).map_err(|_| bad()),
@@ -714,7 +771,10 @@ impl Buffer {
             Buffer::F32(v) => v.push(float(s, 24, "f32")? as f32),
             Buffer::F64(v) => v.push(float(s, 53, "f64")?),
             Buffer::Unsupported(d) => {
-                return Err(format!("Python numbers cannot make a tensor of dtype {}", d.as_str()))
+                return Err(format!(
+                    "Python numbers cannot make a tensor of dtype {}",
+                    d.as_str()
+                ))
             }
         }
         Ok(())
@@ -752,6 +812,9 @@ fn show(s: Scalar) -> String {
 impl Prepared {
     /// The same input, cut from the autograd graph (its storage is shared).
     pub(crate) fn detached(self) -> Self {
-        Prepared { tensor: self.tensor.detach(), data: self.data }
+        Prepared {
+            tensor: self.tensor.detach(),
+            data: self.data,
+        }
     }
 }

@@ -72,7 +72,12 @@ impl OpDecl {
         match &self.source {
             SourceDecl::Code(code) => Source::Code {
                 code: Cow::Borrowed(code),
-                filename: Cow::Owned(format!("<pyop code of {} at {}:{}>", self.rust_path(), self.file, self.line)),
+                filename: Cow::Owned(format!(
+                    "<pyop code of {} at {}:{}>",
+                    self.rust_path(),
+                    self.file,
+                    self.line
+                )),
             },
             SourceDecl::File { abs, text, .. } => Source::File {
                 path: Cow::Borrowed(abs),
@@ -107,7 +112,10 @@ pub struct StaticOp {
 
 impl StaticOp {
     pub const fn new(decl: &'static OpDecl) -> Self {
-        Self { decl, op: OnceLock::new() }
+        Self {
+            decl,
+            op: OnceLock::new(),
+        }
     }
 
     /// The op, loading its source on first use. A load that fails is retried on the next call.
@@ -122,7 +130,10 @@ impl StaticOp {
 
     /// Calls the op; `device` is the declaration's `&Device` parameter, if any.
     pub fn call(&self, args: &[Arg<'_>], device: Option<&Device>) -> Result<Vec<Tensor>> {
-        let options = CallOptions { device, timeout: None };
+        let options = CallOptions {
+            device,
+            timeout: None,
+        };
         self.get()?.call_with(args, &options)
     }
 
@@ -140,7 +151,10 @@ inventory::collect!(Registration);
 
 /// Every op declared with `#[py_op]` in the program, from any crate, sorted by Rust path.
 pub fn registered_ops() -> Vec<&'static OpDecl> {
-    let mut all: Vec<&'static OpDecl> = inventory::iter::<Registration>.into_iter().map(|r| r.0).collect();
+    let mut all: Vec<&'static OpDecl> = inventory::iter::<Registration>
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
     all.sort_by_key(|d| (d.module_path, d.name));
     all
 }

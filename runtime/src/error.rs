@@ -168,11 +168,16 @@ impl Error {
 
     /// Adds where the op was declared to a load error of a `#[py_op]` op.
     pub(crate) fn at_declaration(mut self, decl: &crate::decl::OpDecl) -> Self {
-        let at = format!(" (op declared as {} at {}:{})", decl.rust_path(), decl.file, decl.line);
+        let at = format!(
+            " (op declared as {} at {}:{})",
+            decl.rust_path(),
+            decl.file,
+            decl.line
+        );
         match &mut self {
-            Error::Python { message: m, .. } | Error::Mismatch { what: m, .. } | Error::Op { message: m, .. } => {
-                m.push_str(&at)
-            }
+            Error::Python { message: m, .. }
+            | Error::Mismatch { what: m, .. }
+            | Error::Op { message: m, .. } => m.push_str(&at),
             Error::Candle(_) => {}
         }
         self
@@ -205,13 +210,14 @@ impl From<candle_core::Error> for Error {
     /// survives the round trip.
     fn from(err: candle_core::Error) -> Self {
         match err {
-            candle_core::Error::WrappedContext { wrapped, context } if context == CANDLE_CONTEXT => {
+            candle_core::Error::WrappedContext { wrapped, context }
+                if context == CANDLE_CONTEXT =>
+            {
                 match wrapped.downcast::<Error>() {
                     Ok(e) => *e,
-                    Err(wrapped) => Error::Candle(candle_core::Error::WrappedContext {
-                        wrapped,
-                        context,
-                    }),
+                    Err(wrapped) => {
+                        Error::Candle(candle_core::Error::WrappedContext { wrapped, context })
+                    }
                 }
             }
             candle_core::Error::WithBacktrace { inner, .. } => Error::from(*inner),

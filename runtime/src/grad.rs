@@ -96,13 +96,24 @@ pub(crate) fn attach(
     for a in args {
         a.for_each_tensor(|t| originals.push(t.clone()));
     }
-    let tracked_in: Vec<usize> = (0..originals.len()).filter(|&i| tracked(&originals[i])).collect();
-    let float_out: Vec<usize> = (0..outputs.len()).filter(|&j| outputs[j].dtype().is_float()).collect();
+    let tracked_in: Vec<usize> = (0..originals.len())
+        .filter(|&i| tracked(&originals[i]))
+        .collect();
+    let float_out: Vec<usize> = (0..outputs.len())
+        .filter(|&j| outputs[j].dtype().is_float())
+        .collect();
     if float_out.is_empty() {
         return Ok(outputs);
     }
-    let wide = tracked_in.iter().map(|&i| originals[i].dtype()).chain(float_out.iter().map(|&j| outputs[j].dtype()));
-    let f = if wide.clone().any(|d| d == DType::F64) { DType::F64 } else { DType::F32 };
+    let wide = tracked_in
+        .iter()
+        .map(|&i| originals[i].dtype())
+        .chain(float_out.iter().map(|&j| outputs[j].dtype()));
+    let f = if wide.clone().any(|d| d == DType::F64) {
+        DType::F64
+    } else {
+        DType::F32
+    };
 
     let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
     let packed_out = pack(float_out.iter().map(|&j| &outputs[j]), f)?.detach();
@@ -128,7 +139,10 @@ pub(crate) fn attach(
     for j in float_out {
         let y = &outputs[j];
         let n = y.elem_count();
-        let tracked_y = result.narrow(0, offset, n)?.reshape(y.shape())?.to_dtype(y.dtype())?;
+        let tracked_y = result
+            .narrow(0, offset, n)?
+            .reshape(y.shape())?
+            .to_dtype(y.dtype())?;
         offset += n;
         outputs[j] = tracked_y;
     }
@@ -137,7 +151,9 @@ pub(crate) fn attach(
 
 /// Flattens and concatenates tensors in dtype `f` (differentiably).
 fn pack<'a>(ts: impl Iterator<Item = &'a Tensor>, f: DType) -> Result<Tensor> {
-    let flat: Vec<Tensor> = ts.map(|t| t.flatten_all()?.to_dtype(f)).collect::<candle_core::Result<_>>()?;
+    let flat: Vec<Tensor> = ts
+        .map(|t| t.flatten_all()?.to_dtype(f))
+        .collect::<candle_core::Result<_>>()?;
     Ok(match flat.len() {
         1 => flat.into_iter().next().expect("one"),
         _ => Tensor::cat(&flat, 0)?,
@@ -182,7 +198,11 @@ impl CustomOp1 for Node {
         let Some(storage) = storage else {
             candle_core::bail!("pyop: op `{}` forward ran twice", self.op.name())
         };
-        let n = self.float_out.iter().map(|&j| self.outputs[j].elem_count()).sum::<usize>();
+        let n = self
+            .float_out
+            .iter()
+            .map(|&j| self.outputs[j].elem_count())
+            .sum::<usize>();
         let _ = layout;
         Ok((storage, Shape::from(n)))
     }
@@ -204,7 +224,12 @@ impl CustomOp1 for Node {
         }
     }
 
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
         Ok(self.backward(grad_res)?)
     }
 }
@@ -230,7 +255,12 @@ impl Node {
         for (j, y) in self.outputs.iter().enumerate() {
             if self.float_out.contains(&j) {
                 let n = y.elem_count();
-                grads.push(grad_res.narrow(0, offset, n)?.reshape(y.shape())?.to_dtype(y.dtype())?);
+                grads.push(
+                    grad_res
+                        .narrow(0, offset, n)?
+                        .reshape(y.shape())?
+                        .to_dtype(y.dtype())?,
+                );
                 offset += n;
             } else {
                 grads.push(y.zeros_like()?);
@@ -248,7 +278,9 @@ impl Node {
             let g = match &input_grads[i] {
                 Some(g) => {
                     any = true;
-                    g.to_device(grad_res.device())?.flatten_all()?.to_dtype(self.dtype)?
+                    g.to_device(grad_res.device())?
+                        .flatten_all()?
+                        .to_dtype(self.dtype)?
                 }
                 None => Tensor::zeros(x.elem_count(), self.dtype, grad_res.device())?,
             };
@@ -269,7 +301,12 @@ impl Node {
         // `&[Tensor]` arguments need slices that live as long as the call.
         let lists: Vec<Vec<Tensor>> = self.tensor_lists();
         let args = self.args_with_lists(&lists);
-        let call = GradientCall { op: &op.name, args: &args, outputs: &self.outputs, grads };
+        let call = GradientCall {
+            op: &op.name,
+            args: &args,
+            outputs: &self.outputs,
+            grads,
+        };
         let result = catch_unwind(AssertUnwindSafe(|| f(&call))).unwrap_or_else(|panic| {
             Err(Error::op_failure(
                 &op.name,
@@ -278,7 +315,8 @@ impl Node {
             ))
         });
         let result = result.and_then(|g| self.check_rust(g));
-        op.counters.record(result.is_ok(), started.elapsed(), Duration::ZERO);
+        op.counters
+            .record(result.is_ok(), started.elapsed(), Duration::ZERO);
         result
     }
 
@@ -289,7 +327,12 @@ impl Node {
             match v {
                 Value::Tensor => next += 1,
                 Value::Tensors(k) => {
-                    lists.push(self.prepared[next..next + k].iter().map(|p| p.tensor.clone()).collect());
+                    lists.push(
+                        self.prepared[next..next + k]
+                            .iter()
+                            .map(|p| p.tensor.clone())
+                            .collect(),
+                    );
                     next += k;
                 }
                 _ => {}
@@ -323,7 +366,11 @@ impl Node {
                 op,
                 ErrorKind::GradientMismatch,
                 None,
-                format!("expected {} gradients (one per tensor input), got {}", self.prepared.len(), g.len()),
+                format!(
+                    "expected {} gradients (one per tensor input), got {}",
+                    self.prepared.len(),
+                    g.len()
+                ),
             ));
         }
         for (i, (g, p)) in g.iter().zip(&self.prepared).enumerate() {
@@ -351,26 +398,51 @@ impl Node {
     fn python_gradient(&self, f: &Py<PyAny>, grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
         let op = &*self.op.inner;
         let started = Instant::now();
-        let out_prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &self.outputs.iter().map(Arg::Tensor).collect::<Vec<_>>()))?;
-        let grad_prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &grads.iter().map(Arg::Tensor).collect::<Vec<_>>()))?;
+        let out_prepared = python::without_gil(|| {
+            convert::prepare_inputs(
+                &op.name,
+                op.mode,
+                &self.outputs.iter().map(Arg::Tensor).collect::<Vec<_>>(),
+            )
+        })?;
+        let grad_prepared = python::without_gil(|| {
+            convert::prepare_inputs(
+                &op.name,
+                op.mode,
+                &grads.iter().map(Arg::Tensor).collect::<Vec<_>>(),
+            )
+        })?;
         let lists = self.tensor_lists();
         let args = self.args_with_lists(&lists);
-        let device = self.prepared.first().map(|p| p.tensor.device().clone()).unwrap_or(candle_core::Device::Cpu);
+        let device = self
+            .prepared
+            .first()
+            .map(|p| p.tensor.device().clone())
+            .unwrap_or(candle_core::Device::Cpu);
         let result = with_gil(&op.name, |py| {
             let _device = crate::tensor::DeviceScope::enter(&device);
-            let inputs = convert::python_args(py, op.mode, &args, &self.prepared).map_err(|e| python::python_error(py, &op.name, e))?;
+            let inputs = convert::python_args(py, op.mode, &args, &self.prepared)
+                .map_err(|e| python::python_error(py, &op.name, e))?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
-            let outputs = convert::python_args(py, op.mode, &outs, &out_prepared).map_err(|e| python::python_error(py, &op.name, e))?;
+            let outputs = convert::python_args(py, op.mode, &outs, &out_prepared)
+                .map_err(|e| python::python_error(py, &op.name, e))?;
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
-            let grads = convert::python_args(py, op.mode, &gs, &grad_prepared).map_err(|e| python::python_error(py, &op.name, e))?;
-            let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || f.bind(py).call1((inputs, outputs, grads)))?;
+            let grads = convert::python_args(py, op.mode, &gs, &grad_prepared)
+                .map_err(|e| python::python_error(py, &op.name, e))?;
+            let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || {
+                f.bind(py).call1((inputs, outputs, grads))
+            })?;
             self.python_results(py, &args, &device, &returned)
         });
         let (result, waited) = match result {
             Ok((r, w)) => (Ok(r), w),
             Err(e) => (Err(e), Duration::ZERO),
         };
-        op.counters.record(result.is_ok(), started.elapsed().saturating_sub(waited), waited);
+        op.counters.record(
+            result.is_ok(),
+            started.elapsed().saturating_sub(waited),
+            waited,
+        );
         result
     }
 
@@ -384,17 +456,36 @@ impl Node {
         returned: &Bound<'_, PyAny>,
     ) -> Result<Vec<Option<Tensor>>> {
         let op = &self.op.inner.name;
-        let mismatch = |index: Option<usize>, what: String| Error::mismatch(op, ErrorKind::GradientMismatch, index, what);
-        let tensor_args: Vec<&Arg<'_>> = args.iter().filter(|a| matches!(a, Arg::Tensor(_) | Arg::Tensors(_))).collect();
+        let mismatch = |index: Option<usize>, what: String| {
+            Error::mismatch(op, ErrorKind::GradientMismatch, index, what)
+        };
+        let tensor_args: Vec<&Arg<'_>> = args
+            .iter()
+            .filter(|a| matches!(a, Arg::Tensor(_) | Arg::Tensors(_)))
+            .collect();
         let entries: Vec<Bound<'_, PyAny>> = match (tensor_args.as_slice(), seq(returned)) {
             ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
             ([Arg::Tensor(_)], _) => vec![returned.clone()],
             (_, Some(items)) if items.len() == tensor_args.len() => items,
             (_, Some(items)) => {
-                return Err(mismatch(None, format!("expected {} gradients (one per tensor argument), got {}", tensor_args.len(), items.len())))
+                return Err(mismatch(
+                    None,
+                    format!(
+                        "expected {} gradients (one per tensor argument), got {}",
+                        tensor_args.len(),
+                        items.len()
+                    ),
+                ))
             }
             (_, None) => {
-                return Err(mismatch(None, format!("expected a tuple of {} gradients, got {}", tensor_args.len(), convert::describe_value(returned))))
+                return Err(mismatch(
+                    None,
+                    format!(
+                        "expected a tuple of {} gradients, got {}",
+                        tensor_args.len(),
+                        convert::describe_value(returned)
+                    ),
+                ))
             }
         };
         let mut out = Vec::with_capacity(self.prepared.len());
@@ -404,7 +495,16 @@ impl Node {
                 Arg::Tensors(ts) if entry.is_none() => vec![entry; ts.len()],
                 Arg::Tensors(ts) => match seq(&entry) {
                     Some(items) if items.len() == ts.len() => items,
-                    _ => return Err(mismatch(Some(flat_index), format!("expected a tuple of {} gradients for a list argument, got {}", ts.len(), convert::describe_value(&entry)))),
+                    _ => {
+                        return Err(mismatch(
+                            Some(flat_index),
+                            format!(
+                                "expected a tuple of {} gradients for a list argument, got {}",
+                                ts.len(),
+                                convert::describe_value(&entry)
+                            ),
+                        ))
+                    }
                 },
                 _ => vec![entry],
             };
@@ -413,9 +513,20 @@ impl Node {
                 if item.is_none() || !x.dtype().is_float() {
                     out.push(None);
                 } else {
-                    let spec = OutSpec::shaped(x.dtype(), x.dims().iter().map(|&d| Some(d)).collect::<Vec<_>>());
-                    let check = OutputCheck { op, tout: std::slice::from_ref(&spec), device, what: "gradient", inputs: &[] };
-                    out.push(Some(convert::value_to_tensor(py, &check, flat_index, &spec, &item)?));
+                    let spec = OutSpec::shaped(
+                        x.dtype(),
+                        x.dims().iter().map(|&d| Some(d)).collect::<Vec<_>>(),
+                    );
+                    let check = OutputCheck {
+                        op,
+                        tout: std::slice::from_ref(&spec),
+                        device,
+                        what: "gradient",
+                        inputs: &[],
+                    };
+                    out.push(Some(convert::value_to_tensor(
+                        py, &check, flat_index, &spec, &item,
+                    )?));
                 }
                 flat_index += 1;
             }
@@ -488,7 +599,11 @@ pub struct GradCheck {
 
 impl Default for GradCheck {
     fn default() -> Self {
-        Self { eps: 1e-6, atol: 1e-5, rtol: 1e-3 }
+        Self {
+            eps: 1e-6,
+            atol: 1e-5,
+            rtol: 1e-3,
+        }
     }
 }
 
@@ -511,9 +626,12 @@ pub fn gradcheck<F>(f: F, inputs: &[Tensor], tol: GradCheck) -> Result<GradRepor
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>>,
 {
-    let vars: Vec<candle_core::Var> =
-        inputs.iter().map(candle_core::Var::from_tensor).collect::<candle_core::Result<_>>()?;
-    let as_tensors = |vs: &[candle_core::Var]| vs.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>();
+    let vars: Vec<candle_core::Var> = inputs
+        .iter()
+        .map(candle_core::Var::from_tensor)
+        .collect::<candle_core::Result<_>>()?;
+    let as_tensors =
+        |vs: &[candle_core::Var]| vs.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>();
     let loss = |xs: &[Tensor]| -> Result<Tensor> {
         let ys = f(xs)?;
         let mut total: Option<Tensor> = None;
@@ -530,11 +648,19 @@ where
                 Some(t) => (t + term)?,
             });
         }
-        total.ok_or_else(|| Error::op_failure("gradcheck", ErrorKind::InvalidArgument, "the function has no float output"))
+        total.ok_or_else(|| {
+            Error::op_failure(
+                "gradcheck",
+                ErrorKind::InvalidArgument,
+                "the function has no float output",
+            )
+        })
     };
     let xs = as_tensors(&vars);
     let grads = loss(&xs)?.backward()?;
-    let mut report = GradReport { max_abs_error: Vec::new() };
+    let mut report = GradReport {
+        max_abs_error: Vec::new(),
+    };
     for (i, var) in vars.iter().enumerate() {
         let x = var.as_tensor();
         if !x.dtype().is_float() {
@@ -578,7 +704,8 @@ where
 
 /// Fixed weights in [0.5, 1.5), different per output and element.
 fn weight(j: usize, k: usize) -> f64 {
-    let mut h = (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    let mut h = (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (k as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
     h ^= h >> 31;
     h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
     h ^= h >> 29;

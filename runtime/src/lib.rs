@@ -43,7 +43,10 @@ pub mod __private {
 
     impl FromOutputs for Tensor {
         fn from_outputs(outputs: Vec<Tensor>) -> Self {
-            outputs.into_iter().next().expect("the executor checked the output count")
+            outputs
+                .into_iter()
+                .next()
+                .expect("the executor checked the output count")
         }
     }
 

@@ -118,11 +118,16 @@ impl PyOp {
         let _entered = span.enter();
 
         // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
-        let needs_node = (op.mode == Mode::Numpy || op.gradient.is_some())
-            && grad::any_tracked(args);
+        let needs_node =
+            (op.mode == Mode::Numpy || op.gradient.is_some()) && grad::any_tracked(args);
         let prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, args));
-        let prepared = prepared.inspect_err(|_| op.counters.record(false, Duration::ZERO, Duration::ZERO))?;
-        let prepared = if needs_node { grad::detach_prepared(prepared) } else { prepared };
+        let prepared =
+            prepared.inspect_err(|_| op.counters.record(false, Duration::ZERO, Duration::ZERO))?;
+        let prepared = if needs_node {
+            grad::detach_prepared(prepared)
+        } else {
+            prepared
+        };
 
         let started = Instant::now();
         let timeout = options.timeout.or(op.timeout);
@@ -152,7 +157,8 @@ impl PyOp {
                 return Err(e);
             }
         };
-        op.counters.record(true, started.elapsed().saturating_sub(waited), waited);
+        op.counters
+            .record(true, started.elapsed().saturating_sub(waited), waited);
         if needs_node {
             grad::attach(&self.inner, args, prepared, outputs)
         } else {
@@ -178,7 +184,11 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
         });
     }
     if let Some(msg) = clash {
-        bail!(&op.name, DeviceMismatch, "{msg}; move them to one device before the call");
+        bail!(
+            &op.name,
+            DeviceMismatch,
+            "{msg}; move them to one device before the call"
+        );
     }
     Ok(explicit.or(first).cloned().unwrap_or(Device::Cpu))
 }
@@ -240,7 +250,11 @@ impl OpBuilder {
     pub fn file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::op_failure(&self.name, ErrorKind::Source, format!("cannot read {}: {e}", path.display()))
+            Error::op_failure(
+                &self.name,
+                ErrorKind::Source,
+                format!("cannot read {}: {e}", path.display()),
+            )
         })?;
         self.body = BodySpec::Source(Source::File {
             path: Cow::Owned(path.display().to_string()),
@@ -316,10 +330,18 @@ impl OpBuilder {
     pub(crate) fn build_in(self, shared: bool) -> Result<PyOp> {
         let name = self.name;
         let Some(tout) = self.tout else {
-            bail!(&name, InvalidArgument, "no `tout`: declare the op's outputs");
+            bail!(
+                &name,
+                InvalidArgument,
+                "no `tout`: declare the op's outputs"
+            );
         };
         if self.mode == Mode::Numpy {
-            if let Some((i, o)) = tout.iter().enumerate().find(|(_, o)| !numpy_can_hold(o.dtype)) {
+            if let Some((i, o)) = tout
+                .iter()
+                .enumerate()
+                .find(|(_, o)| !numpy_can_hold(o.dtype))
+            {
                 bail!(
                     &name,
                     InvalidArgument,
@@ -332,10 +354,19 @@ impl OpBuilder {
         let mode = self.mode;
         let (body, module, gradient, source) = with_gil(&name, |py| {
             let (module, body, source) = match self.body {
-                BodySpec::None => bail!(&name, InvalidArgument, "no body: give code, a file, a module or a callable"),
+                BodySpec::None => bail!(
+                    &name,
+                    InvalidArgument,
+                    "no body: give code, a file, a module or a callable"
+                ),
                 BodySpec::Callable(f) => {
                     if !f.bind(py).is_callable() {
-                        bail!(&name, MissingFunction, "the body is not callable (it is {})", convert::describe_value(f.bind(py)));
+                        bail!(
+                            &name,
+                            MissingFunction,
+                            "the body is not callable (it is {})",
+                            convert::describe_value(f.bind(py))
+                        );
                     }
                     (None, f, None)
                 }
@@ -355,12 +386,22 @@ impl OpBuilder {
                 Some(GradientSpec::Callable(f)) => Some(Gradient::Python(f)),
                 Some(GradientSpec::Python(g)) => {
                     let (Some(module), Some(src)) = (&module, &source) else {
-                        bail!(&name, MissingFunction, "gradient `{g}` named, but the body has no source to find it in");
+                        bail!(
+                            &name,
+                            MissingFunction,
+                            "gradient `{g}` named, but the body has no source to find it in"
+                        );
                     };
-                    Some(Gradient::Python(source::function(module, &name, &g, src, "gradient")?.unbind()))
+                    Some(Gradient::Python(
+                        source::function(module, &name, &g, src, "gradient")?.unbind(),
+                    ))
                 }
             };
-            let keep = if shared { None } else { module.map(Bound::unbind) };
+            let keep = if shared {
+                None
+            } else {
+                module.map(Bound::unbind)
+            };
             Ok((body, keep, gradient, source))
         })?
         .0;

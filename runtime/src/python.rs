@@ -21,7 +21,10 @@ use crate::error::{Error, ErrorKind, Result};
 ///
 /// Re-entrant: a thread that already holds the GIL (a body calling back into Rust, or Rust code
 /// inside `Python::attach`) gets it again at once.
-pub(crate) fn with_gil<R>(op: &str, f: impl for<'py> FnOnce(Python<'py>) -> Result<R>) -> Result<(R, Duration)> {
+pub(crate) fn with_gil<R>(
+    op: &str,
+    f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
+) -> Result<(R, Duration)> {
     let asked = Instant::now();
     Python::attach(|py| {
         let waited = asked.elapsed();
@@ -73,7 +76,10 @@ fn ensure_ready(py: Python<'_>) -> Result<&'static PythonEnv> {
             Error::op_failure(
                 "",
                 ErrorKind::PythonUnavailable,
-                format!("cannot register the `pyop` Python module: {}", describe(py, &e)),
+                format!(
+                    "cannot register the `pyop` Python module: {}",
+                    describe(py, &e)
+                ),
             )
         })?;
         Ok(env)
@@ -90,7 +96,10 @@ pub fn python_env() -> Result<PythonEnv> {
 fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
     let sys = py.import("sys")?;
     let version: String = sys.getattr("version")?.extract()?;
-    let (major, minor): (u32, u32) = sys.getattr("version_info")?.extract::<(u32, u32, u32, String, u32)>().map(|v| (v.0, v.1))?;
+    let (major, minor): (u32, u32) = sys
+        .getattr("version_info")?
+        .extract::<(u32, u32, u32, String, u32)>()
+        .map(|v| (v.0, v.1))?;
     let found = std::env::var_os("PYOP_PYTHON_ENV")
         .filter(|v| !v.is_empty())
         .map(|v| (PathBuf::from(v), "PYOP_PYTHON_ENV"))
@@ -107,11 +116,17 @@ fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
                 .map(|d| (d, ".venv"))
         });
     let Some((root, source)) = found else {
-        return Ok(PythonEnv { root: None, site_packages: None, source: "none", version });
+        return Ok(PythonEnv {
+            root: None,
+            site_packages: None,
+            source: "none",
+            version,
+        });
     };
     let site_packages = site_packages_of(&root, major, minor);
     if let Some(sp) = &site_packages {
-        py.import("site")?.call_method1("addsitedir", (sp.to_string_lossy().as_ref(),))?;
+        py.import("site")?
+            .call_method1("addsitedir", (sp.to_string_lossy().as_ref(),))?;
     } else {
         tracing::warn!(
             env = %root.display(),
@@ -119,12 +134,19 @@ fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
             root.display()
         );
     }
-    Ok(PythonEnv { root: Some(root), site_packages, source, version })
+    Ok(PythonEnv {
+        root: Some(root),
+        site_packages,
+        source,
+        version,
+    })
 }
 
 fn site_packages_of(root: &Path, major: u32, minor: u32) -> Option<PathBuf> {
     [
-        root.join("lib").join(format!("python{major}.{minor}")).join("site-packages"),
+        root.join("lib")
+            .join(format!("python{major}.{minor}"))
+            .join("site-packages"),
         root.join("Lib").join("site-packages"),
     ]
     .into_iter()
@@ -166,7 +188,11 @@ pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "Exception".to_owned());
-    let msg = err.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+    let msg = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
     format!("{ty}: {msg}")
 }
 
@@ -185,7 +211,9 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         ErrorKind::ResourceExhausted
     } else if err.is_instance_of::<PyNotImplementedError>(py) {
         ErrorKind::Unimplemented
-    } else if err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py) {
+    } else if err.is_instance_of::<PyKeyboardInterrupt>(py)
+        || err.is_instance_of::<PySystemExit>(py)
+    {
         ErrorKind::Cancelled
     } else if crate::tensor::is_timeout(py, &err) {
         ErrorKind::Timeout
@@ -197,10 +225,20 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "Exception".to_owned());
-    let message = err.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+    let message = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
     let traceback = err
         .traceback(py)
         .and_then(|tb| tb.format().ok())
         .unwrap_or_default();
-    Error::Python { op: op.to_owned(), kind, exception, message, traceback }
+    Error::Python {
+        op: op.to_owned(),
+        kind,
+        exception,
+        message,
+        traceback,
+    }
 }

@@ -65,7 +65,11 @@ impl Source {
 static SHARED: Mutex<Option<HashMap<String, Py<PyAny>>>> = Mutex::new(None);
 
 /// The shared module of a static source, loading it on first use.
-pub(crate) fn shared_module<'py>(py: Python<'py>, op: &str, source: &Source) -> Result<Bound<'py, PyAny>> {
+pub(crate) fn shared_module<'py>(
+    py: Python<'py>,
+    op: &str,
+    source: &Source,
+) -> Result<Bound<'py, PyAny>> {
     if let Source::Module(name) = source {
         return import(py, op, name);
     }
@@ -78,7 +82,11 @@ pub(crate) fn shared_module<'py>(py: Python<'py>, op: &str, source: &Source) -> 
     let module = load(py, op, source, true)?;
     let mut guard = lock(&SHARED);
     let map = guard.get_or_insert_with(HashMap::new);
-    Ok(map.entry(key).or_insert_with(|| module.clone().unbind()).bind(py).clone())
+    Ok(map
+        .entry(key)
+        .or_insert_with(|| module.clone().unbind())
+        .bind(py)
+        .clone())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,7 +94,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A module of the op's own (run-time ops), not registered anywhere.
-pub(crate) fn private_module<'py>(py: Python<'py>, op: &str, source: &Source) -> Result<Bound<'py, PyAny>> {
+pub(crate) fn private_module<'py>(
+    py: Python<'py>,
+    op: &str,
+    source: &Source,
+) -> Result<Bound<'py, PyAny>> {
     match source {
         Source::Module(name) => import(py, op, name),
         _ => load(py, op, source, false),
@@ -97,7 +109,13 @@ fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny
     py.import(name).map(Bound::into_any).map_err(|e| {
         let err = python_error(py, op, e);
         match err {
-            Error::Python { op, exception, message, traceback, .. } => Error::Python {
+            Error::Python {
+                op,
+                exception,
+                message,
+                traceback,
+                ..
+            } => Error::Python {
                 op,
                 kind: ErrorKind::Source,
                 exception,
@@ -111,7 +129,12 @@ fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny
 
 /// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
 /// tracebacks through an embedded source show its lines even where the file is absent.
-fn load<'py>(py: Python<'py>, op: &str, source: &Source, cache_lines: bool) -> Result<Bound<'py, PyAny>> {
+fn load<'py>(
+    py: Python<'py>,
+    op: &str,
+    source: &Source,
+    cache_lines: bool,
+) -> Result<Bound<'py, PyAny>> {
     let (text, filename): (&str, &str) = match source {
         Source::Code { code, filename } => (code, filename),
         Source::File { path, text } => (text, path),
@@ -126,7 +149,9 @@ fn load<'py>(py: Python<'py>, op: &str, source: &Source, cache_lines: bool) -> R
             lines.set_item(filename, (text.len(), py.None(), split, filename))?;
         }
         let builtins = PyModule::import(py, "builtins")?;
-        let code = builtins.getattr("compile")?.call1((text, filename, "exec"))?;
+        let code = builtins
+            .getattr("compile")?
+            .call1((text, filename, "exec"))?;
         let globals: Bound<'py, PyDict> = module.dict();
         builtins.getattr("exec")?.call1((code, &globals))?;
         Ok(module.into_any())
@@ -134,7 +159,13 @@ fn load<'py>(py: Python<'py>, op: &str, source: &Source, cache_lines: bool) -> R
     run().map_err(|e| {
         let err = python_error(py, op, e);
         match err {
-            Error::Python { op, exception, message, traceback, .. } => Error::Python {
+            Error::Python {
+                op,
+                exception,
+                message,
+                traceback,
+                ..
+            } => Error::Python {
                 op,
                 kind: ErrorKind::Source,
                 exception,

@@ -66,7 +66,10 @@ impl OutSpec {
             None => true,
             Some(want) => {
                 want.len() == dims.len()
-                    && want.iter().zip(dims).all(|(w, d)| w.is_none_or(|w| w == *d))
+                    && want
+                        .iter()
+                        .zip(dims)
+                        .all(|(w, d)| w.is_none_or(|w| w == *d))
             }
         }
     }

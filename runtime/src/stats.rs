@@ -32,7 +32,8 @@ impl Counters {
             self.errors.fetch_add(1, Relaxed);
         }
         self.python_ns.fetch_add(python.as_nanos() as u64, Relaxed);
-        self.gil_wait_ns.fetch_add(gil_wait.as_nanos() as u64, Relaxed);
+        self.gil_wait_ns
+            .fetch_add(gil_wait.as_nanos() as u64, Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> OpStats {

@@ -58,7 +58,9 @@ impl Drop for DeviceScope {
 }
 
 fn current_device() -> Device {
-    DEVICES.with(|d| d.borrow().last().cloned()).unwrap_or(Device::Cpu)
+    DEVICES
+        .with(|d| d.borrow().last().cloned())
+        .unwrap_or(Device::Cpu)
 }
 
 /// A candle tensor as Python sees it (`pyop.Tensor`). Holds the tensor itself: same storage,
@@ -87,7 +89,11 @@ fn value_error(e: impl std::fmt::Display) -> PyErr {
 }
 
 /// Runs candle work, with the GIL released when the tensor is large.
-fn compute<T: Send>(py: Python<'_>, elems: usize, f: impl FnOnce() -> CResult<T> + Send) -> PyResult<T> {
+fn compute<T: Send>(
+    py: Python<'_>,
+    elems: usize,
+    f: impl FnOnce() -> CResult<T> + Send,
+) -> PyResult<T> {
     if elems >= RELEASE_GIL_AT {
         py.detach(f).map_err(value_error)
     } else {
@@ -117,9 +123,11 @@ fn parse_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
         "uint32" => "u32",
         other => other,
     };
-    canonical
-        .parse::<DType>()
-        .map_err(|_| PyValueError::new_err(format!("unknown dtype '{name}'; expected one of u8, u32, i16, i32, i64, bf16, f16, f32, f64")))
+    canonical.parse::<DType>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "unknown dtype '{name}'; expected one of u8, u32, i16, i32, i64, bf16, f16, f32, f64"
+        ))
+    })
 }
 
 fn device_name(d: &Device) -> String {
@@ -135,16 +143,27 @@ fn dim(d: isize, rank: usize) -> PyResult<usize> {
     let r = rank as isize;
     let n = if d < 0 { d + r } else { d };
     if n < 0 || n >= r.max(1) && !(rank == 0 && n == 0) {
-        return Err(PyIndexError::new_err(format!("dimension {d} is out of range for a tensor of {rank} dimensions")));
+        return Err(PyIndexError::new_err(format!(
+            "dimension {d} is out of range for a tensor of {rank} dimensions"
+        )));
     }
     Ok(n as usize)
 }
 
 /// `dim=None`, an int, or a tuple/list of ints.
 fn dims_arg(v: Option<&Bound<'_, PyAny>>, rank: usize) -> PyResult<Option<Vec<usize>>> {
-    let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
-    let raw: Vec<isize> = if let Ok(i) = v.extract::<isize>() { vec![i] } else { v.extract()? };
-    let mut ds = raw.into_iter().map(|d| dim(d, rank)).collect::<PyResult<Vec<_>>>()?;
+    let Some(v) = v.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let raw: Vec<isize> = if let Ok(i) = v.extract::<isize>() {
+        vec![i]
+    } else {
+        v.extract()?
+    };
+    let mut ds = raw
+        .into_iter()
+        .map(|d| dim(d, rank))
+        .collect::<PyResult<Vec<_>>>()?;
     ds.sort_unstable();
     ds.dedup();
     Ok(Some(ds))
@@ -158,7 +177,11 @@ fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyResult<Vec<us
     } else {
         args.extract()?
     };
-    let known: usize = raw.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+    let known: usize = raw
+        .iter()
+        .filter(|&&d| d >= 0)
+        .map(|&d| d as usize)
+        .product();
     let inferred = raw.iter().filter(|&&d| d == -1).count();
     if inferred > 1 || raw.iter().any(|&d| d < -1) {
         return Err(PyValueError::new_err(format!("invalid shape {raw:?}")));
@@ -166,7 +189,9 @@ fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyResult<Vec<us
     raw.iter()
         .map(|&d| match (d, elems) {
             (-1, Some(n)) if known > 0 && n % known == 0 => Ok(n / known),
-            (-1, _) => Err(PyValueError::new_err(format!("cannot infer -1 in shape {raw:?}"))),
+            (-1, _) => Err(PyValueError::new_err(format!(
+                "cannot infer -1 in shape {raw:?}"
+            ))),
             (d, _) => Ok(d as usize),
         })
         .collect()
@@ -178,7 +203,11 @@ impl PyTensor {
     }
 
     /// Runs a unary candle op.
-    fn unary(&self, py: Python<'_>, f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send) -> PyResult<PyTensor> {
+    fn unary(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<PyTensor> {
         let t = &self.tensor;
         compute(py, self.n(), || f(t)).map(wrap)
     }
@@ -197,7 +226,9 @@ impl PyTensor {
             return Ok(Some(o.clone()));
         }
         match convert::to_tensor(py, other, Some(self.tensor.dtype()), &[]) {
-            Ok(Some(t)) => Ok(Some(t.to_device(self.tensor.device()).map_err(value_error)?)),
+            Ok(Some(t)) => Ok(Some(
+                t.to_device(self.tensor.device()).map_err(value_error)?,
+            )),
             Ok(None) => Ok(None),
             Err(msg) => Err(PyValueError::new_err(msg)),
         }
@@ -210,8 +241,14 @@ impl PyTensor {
         reflected: bool,
         f: impl FnOnce(&Tensor, &Tensor) -> CResult<Tensor> + Send,
     ) -> PyResult<Option<PyTensor>> {
-        let Some(o) = self.operand(py, other)? else { return Ok(None) };
-        let (a, b) = if reflected { (&o, &self.tensor) } else { (&self.tensor, &o) };
+        let Some(o) = self.operand(py, other)? else {
+            return Ok(None);
+        };
+        let (a, b) = if reflected {
+            (&o, &self.tensor)
+        } else {
+            (&self.tensor, &o)
+        };
         let n = self.n().max(o.elem_count());
         compute(py, n, || f(a, b)).map(|t| Some(wrap(t)))
     }
@@ -229,7 +266,11 @@ impl PyTensor {
         compute(py, self.n(), || {
             let Some(dims) = dims else {
                 let r = f(&t.flatten_all()?, 0)?;
-                return if keepdim { r.reshape(vec![1; rank]) } else { r.reshape(()) };
+                return if keepdim {
+                    r.reshape(vec![1; rank])
+                } else {
+                    r.reshape(())
+                };
             };
             let mut r = t.clone();
             for &d in dims.iter().rev() {
@@ -252,7 +293,10 @@ impl PyTensor {
                 self.n()
             )));
         }
-        self.tensor.flatten_all().and_then(|t| t.get(0)).map_err(value_error)
+        self.tensor
+            .flatten_all()
+            .and_then(|t| t.get(0))
+            .map_err(value_error)
     }
 }
 
@@ -260,10 +304,18 @@ impl PyTensor {
 fn item<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     let t = t.to_device(&Device::Cpu).map_err(value_error)?;
     Ok(match t.dtype() {
-        DType::U8 | DType::U32 | DType::I16 | DType::I32 | DType::I64 => {
-            t.to_dtype(DType::I64).and_then(|t| t.to_scalar::<i64>()).map_err(value_error)?.into_pyobject(py)?.into_any()
-        }
-        _ => t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()).map_err(value_error)?.into_pyobject(py)?.into_any(),
+        DType::U8 | DType::U32 | DType::I16 | DType::I32 | DType::I64 => t
+            .to_dtype(DType::I64)
+            .and_then(|t| t.to_scalar::<i64>())
+            .map_err(value_error)?
+            .into_pyobject(py)?
+            .into_any(),
+        _ => t
+            .to_dtype(DType::F64)
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(value_error)?
+            .into_pyobject(py)?
+            .into_any(),
     })
 }
 
@@ -293,12 +345,20 @@ fn matmul(a: &Tensor, b: &Tensor) -> CResult<Tensor> {
     let (a1, b1) = (a.rank() == 1, b.rank() == 1);
     let a = if a1 { a.unsqueeze(0)? } else { a.clone() };
     let b = if b1 { b.unsqueeze(1)? } else { b.clone() };
-    let mut r = if a.rank() == b.rank() { a.matmul(&b)? } else { a.broadcast_matmul(&b)? };
+    let mut r = if a.rank() == b.rank() {
+        a.matmul(&b)?
+    } else {
+        a.broadcast_matmul(&b)?
+    };
     if b1 {
         r = r.squeeze(D::Minus1)?;
     }
     if a1 {
-        r = r.squeeze(if b1 { r.rank().saturating_sub(1) } else { r.rank() - 2 })?;
+        r = r.squeeze(if b1 {
+            r.rank().saturating_sub(1)
+        } else {
+            r.rank() - 2
+        })?;
     }
     Ok(r)
 }
@@ -340,32 +400,51 @@ impl PyTensor {
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        self.tensor.dims().first().copied().ok_or_else(|| PyTypeError::new_err("len() of a 0-d tensor"))
+        self.tensor
+            .dims()
+            .first()
+            .copied()
+            .ok_or_else(|| PyTypeError::new_err("len() of a 0-d tensor"))
     }
 
     fn __repr__(&self) -> String {
-        format!("pyop.Tensor({}, dtype={}, device={})", self.tensor, self.dtype(), self.device())
+        format!(
+            "pyop.Tensor({}, dtype={}, device={})",
+            self.tensor,
+            self.dtype(),
+            self.device()
+        )
     }
 
     // --- Python numbers and control flow ---
 
     fn __bool__(&self) -> PyResult<bool> {
         let t = self.one_element("the truth value")?;
-        let v = t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()).map_err(value_error)?;
+        let v = t
+            .to_dtype(DType::F64)
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(value_error)?;
         Ok(v != 0.0)
     }
 
     fn __float__(&self) -> PyResult<f64> {
         let t = self.one_element("float()")?;
-        t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()).map_err(value_error)
+        t.to_dtype(DType::F64)
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(value_error)
     }
 
     fn __int__(&self) -> PyResult<i64> {
         let t = self.one_element("int()")?;
         if t.dtype().is_float() {
-            Ok(t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()).map_err(value_error)?.trunc() as i64)
+            Ok(t.to_dtype(DType::F64)
+                .and_then(|t| t.to_scalar::<f64>())
+                .map_err(value_error)?
+                .trunc() as i64)
         } else {
-            t.to_dtype(DType::I64).and_then(|t| t.to_scalar::<i64>()).map_err(value_error)
+            t.to_dtype(DType::I64)
+                .and_then(|t| t.to_scalar::<i64>())
+                .map_err(value_error)
         }
     }
 
@@ -379,13 +458,29 @@ impl PyTensor {
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let t = self.tensor.to_device(&Device::Cpu).map_err(value_error)?;
         let flat: Vec<Bound<'py, PyAny>> = if t.dtype().is_float() {
-            let v = t.flatten_all().and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_vec1::<f64>()).map_err(value_error)?;
-            v.into_iter().map(|x| PyFloat::new(py, x).into_any()).collect()
+            let v = t
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::F64))
+                .and_then(|t| t.to_vec1::<f64>())
+                .map_err(value_error)?;
+            v.into_iter()
+                .map(|x| PyFloat::new(py, x).into_any())
+                .collect()
         } else {
-            let v = t.flatten_all().and_then(|t| t.to_dtype(DType::I64)).and_then(|t| t.to_vec1::<i64>()).map_err(value_error)?;
-            v.into_iter().map(|x| PyInt::new(py, x).into_any()).collect()
+            let v = t
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::I64))
+                .and_then(|t| t.to_vec1::<i64>())
+                .map_err(value_error)?;
+            v.into_iter()
+                .map(|x| PyInt::new(py, x).into_any())
+                .collect()
         };
-        fn nest<'py>(py: Python<'py>, dims: &[usize], items: &mut std::vec::IntoIter<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        fn nest<'py>(
+            py: Python<'py>,
+            dims: &[usize],
+            items: &mut std::vec::IntoIter<Bound<'py, PyAny>>,
+        ) -> PyResult<Bound<'py, PyAny>> {
             match dims.split_first() {
                 None => Ok(items.next().expect("one per element")),
                 Some((&n, rest)) => {
@@ -435,9 +530,16 @@ impl PyTensor {
         self.binary(py, o, true, matmul)
     }
 
-    fn __pow__(&self, py: Python<'_>, o: &Bound<'_, PyAny>, modulo: Option<&Bound<'_, PyAny>>) -> PyResult<Option<PyTensor>> {
+    fn __pow__(
+        &self,
+        py: Python<'_>,
+        o: &Bound<'_, PyAny>,
+        modulo: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyTensor>> {
         if modulo.is_some_and(|m| !m.is_none()) {
-            return Err(PyTypeError::new_err("pow() with a modulus is not supported for tensors"));
+            return Err(PyTypeError::new_err(
+                "pow() with a modulus is not supported for tensors",
+            ));
         }
         if o.cast::<PyTensor>().is_err() {
             if let Ok(s) = convert::scalar(o) {
@@ -448,7 +550,9 @@ impl PyTensor {
                     convert::Scalar::Float(f) => f,
                 };
                 if self.tensor.dtype().is_float() {
-                    return self.unary(py, move |t| if e == 2.0 { t.sqr() } else { t.powf(e) }).map(Some);
+                    return self
+                        .unary(py, move |t| if e == 2.0 { t.sqr() } else { t.powf(e) })
+                        .map(Some);
                 }
                 if e >= 0.0 && e.fract() == 0.0 {
                     return self.unary(py, move |t| powi(t, e as u64)).map(Some);
@@ -463,7 +567,12 @@ impl PyTensor {
         self.binary(py, o, false, |a, b| a.broadcast_pow(b))
     }
 
-    fn __rpow__(&self, py: Python<'_>, o: &Bound<'_, PyAny>, _modulo: Option<&Bound<'_, PyAny>>) -> PyResult<Option<PyTensor>> {
+    fn __rpow__(
+        &self,
+        py: Python<'_>,
+        o: &Bound<'_, PyAny>,
+        _modulo: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyTensor>> {
         self.float_only("**")?;
         self.binary(py, o, true, |a, b| a.broadcast_pow(b))
     }
@@ -484,7 +593,12 @@ impl PyTensor {
         self.unary(py, |t| t.abs())
     }
 
-    fn __richcmp__(&self, py: Python<'_>, o: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Option<PyTensor>> {
+    fn __richcmp__(
+        &self,
+        py: Python<'_>,
+        o: &Bound<'_, PyAny>,
+        op: CompareOp,
+    ) -> PyResult<Option<PyTensor>> {
         self.binary(py, o, false, move |a, b| match op {
             CompareOp::Lt => a.broadcast_lt(b),
             CompareOp::Le => a.broadcast_le(b),
@@ -555,17 +669,24 @@ impl PyTensor {
 
     /// Elementwise maximum with a tensor or number (broadcasting).
     fn maximum(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
-        self.binary(py, o, false, |a, b| a.broadcast_maximum(b))?.ok_or_else(|| PyTypeError::new_err("maximum() takes a tensor or a number"))
+        self.binary(py, o, false, |a, b| a.broadcast_maximum(b))?
+            .ok_or_else(|| PyTypeError::new_err("maximum() takes a tensor or a number"))
     }
 
     /// Elementwise minimum with a tensor or number (broadcasting).
     fn minimum(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
-        self.binary(py, o, false, |a, b| a.broadcast_minimum(b))?.ok_or_else(|| PyTypeError::new_err("minimum() takes a tensor or a number"))
+        self.binary(py, o, false, |a, b| a.broadcast_minimum(b))?
+            .ok_or_else(|| PyTypeError::new_err("minimum() takes a tensor or a number"))
     }
 
     /// Limits values to `[min, max]`; either bound may be `None`.
     #[pyo3(signature = (min=None, max=None))]
-    fn clamp(&self, py: Python<'_>, min: Option<&Bound<'_, PyAny>>, max: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
+    fn clamp(
+        &self,
+        py: Python<'_>,
+        min: Option<&Bound<'_, PyAny>>,
+        max: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyTensor> {
         let mut r = PyTensor::new(self.tensor.clone());
         if let Some(lo) = min.filter(|m| !m.is_none()) {
             r = r.maximum(py, lo)?;
@@ -579,30 +700,60 @@ impl PyTensor {
     // --- reductions ---
 
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn sum(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn sum(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.reduce(py, dim, keepdim, |t, d| t.sum_keepdim(d))
     }
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn mean(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn mean(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.reduce(py, dim, keepdim, |t, d| t.mean_keepdim(d))
     }
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn max(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn max(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.reduce(py, dim, keepdim, |t, d| t.max_keepdim(d))
     }
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn min(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn min(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.reduce(py, dim, keepdim, |t, d| t.min_keepdim(d))
     }
     /// Index of the largest value (u32), over all elements or along `dim`.
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn argmax(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn argmax(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.single_dim(dim, "argmax")?;
         self.reduce(py, dim, keepdim, |t, d| t.argmax_keepdim(d))
     }
     /// Index of the smallest value (u32), over all elements or along `dim`.
     #[pyo3(signature = (dim=None, keepdim=false))]
-    fn argmin(&self, py: Python<'_>, dim: Option<&Bound<'_, PyAny>>, keepdim: bool) -> PyResult<PyTensor> {
+    fn argmin(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+    ) -> PyResult<PyTensor> {
         self.single_dim(dim, "argmin")?;
         self.reduce(py, dim, keepdim, |t, d| t.argmin_keepdim(d))
     }
@@ -615,7 +766,10 @@ impl PyTensor {
         self.unary(py, move |t| t.reshape(s))
     }
     fn transpose(&self, py: Python<'_>, dim0: isize, dim1: isize) -> PyResult<PyTensor> {
-        let (a, b) = (dim(dim0, self.tensor.rank())?, dim(dim1, self.tensor.rank())?);
+        let (a, b) = (
+            dim(dim0, self.tensor.rank())?,
+            dim(dim1, self.tensor.rank())?,
+        );
         self.unary(py, move |t| t.transpose(a, b))
     }
     /// The transpose of the last two dims (a 0-d or 1-d tensor unchanged).
@@ -642,7 +796,13 @@ impl PyTensor {
                 self.unary(py, move |t| t.squeeze(d))
             }
             None => {
-                let s: Vec<usize> = self.tensor.dims().iter().copied().filter(|&n| n != 1).collect();
+                let s: Vec<usize> = self
+                    .tensor
+                    .dims()
+                    .iter()
+                    .copied()
+                    .filter(|&n| n != 1)
+                    .collect();
                 self.unary(py, move |t| t.reshape(s))
             }
         }
@@ -676,7 +836,10 @@ impl PyTensor {
             Err(_) => vec![key.clone()],
         };
         if keys.len() > self.tensor.rank() {
-            return Err(PyIndexError::new_err(format!("too many indices for a tensor of {} dimensions", self.tensor.rank())));
+            return Err(PyIndexError::new_err(format!(
+                "too many indices for a tensor of {} dimensions",
+                self.tensor.rank()
+            )));
         }
         let mut t = self.tensor.clone();
         let mut d = 0;
@@ -685,16 +848,25 @@ impl PyTensor {
             if let Ok(i) = k.extract::<isize>() {
                 let j = if i < 0 { i + size as isize } else { i };
                 if j < 0 || j >= size as isize {
-                    return Err(PyIndexError::new_err(format!("index {i} is out of range for a dimension of size {size}")));
+                    return Err(PyIndexError::new_err(format!(
+                        "index {i} is out of range for a dimension of size {size}"
+                    )));
                 }
-                t = t.narrow(d, j as usize, 1).and_then(|x| x.squeeze(d)).map_err(value_error)?;
+                t = t
+                    .narrow(d, j as usize, 1)
+                    .and_then(|x| x.squeeze(d))
+                    .map_err(value_error)?;
             } else if let Ok(s) = k.cast::<PySlice>() {
                 let ind = s.indices(size as isize)?;
                 if ind.step != 1 {
-                    return Err(PyValueError::new_err("slices with a step other than 1 are not supported"));
+                    return Err(PyValueError::new_err(
+                        "slices with a step other than 1 are not supported",
+                    ));
                 }
                 let len = (ind.stop - ind.start).max(0) as usize;
-                t = t.narrow(d, ind.start.max(0) as usize, len).map_err(value_error)?;
+                t = t
+                    .narrow(d, ind.start.max(0) as usize, len)
+                    .map_err(value_error)?;
                 d += 1;
             } else {
                 return Err(PyTypeError::new_err(format!(
@@ -721,7 +893,12 @@ impl PyTensor {
         to_numpy(py, &self.tensor)
     }
     #[pyo3(signature = (dtype=None, copy=None))]
-    fn __array__<'py>(&self, py: Python<'py>, dtype: Option<&Bound<'py, PyAny>>, copy: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
+    fn __array__<'py>(
+        &self,
+        py: Python<'py>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let _ = copy;
         let a = to_numpy(py, &self.tensor)?;
         match dtype.filter(|d| !d.is_none()) {
@@ -745,19 +922,28 @@ impl PyTensor {
 
     fn single_dim(&self, d: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<()> {
         match dims_arg(d, self.tensor.rank())? {
-            Some(ds) if ds.len() > 1 => Err(PyValueError::new_err(format!("{what} takes one dim, not {}", ds.len()))),
+            Some(ds) if ds.len() > 1 => Err(PyValueError::new_err(format!(
+                "{what} takes one dim, not {}",
+                ds.len()
+            ))),
             _ => Ok(()),
         }
     }
 }
 
 fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-    crate::python::ensure_numpy(py, "pyop.Tensor.numpy").map_err(|e| PyImportError::new_err(e.to_string()))?;
+    crate::python::ensure_numpy(py, "pyop.Tensor.numpy")
+        .map_err(|e| PyImportError::new_err(e.to_string()))?;
     let dims = t.dims().to_vec();
-    let t = t.to_device(&Device::Cpu).and_then(|t| t.flatten_all()).map_err(value_error)?;
+    let t = t
+        .to_device(&Device::Cpu)
+        .and_then(|t| t.flatten_all())
+        .map_err(value_error)?;
     macro_rules! arr {
         ($ty:ty) => {
-            PyArray1::<$ty>::from_vec(py, t.to_vec1::<$ty>().map_err(value_error)?).reshape(dims)?.into_any()
+            PyArray1::<$ty>::from_vec(py, t.to_vec1::<$ty>().map_err(value_error)?)
+                .reshape(dims)?
+                .into_any()
         };
     }
     Ok(match t.dtype() {
@@ -769,7 +955,12 @@ fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         DType::F16 => arr!(half::f16),
         DType::F32 => arr!(f32),
         DType::F64 => arr!(f64),
-        d => return Err(PyValueError::new_err(format!("NumPy has no dtype {}; convert with .to_dtype(\"f32\") first", d.as_str()))),
+        d => {
+            return Err(PyValueError::new_err(format!(
+                "NumPy has no dtype {}; convert with .to_dtype(\"f32\") first",
+                d.as_str()
+            )))
+        }
     })
 }
 
@@ -779,8 +970,15 @@ fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
 /// tensor, on the running op's device.
 #[pyfunction]
 #[pyo3(signature = (obj, dtype=None))]
-fn tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
-    let dtype = dtype.filter(|d| !d.is_none()).map(parse_dtype).transpose()?;
+fn tensor(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let dtype = dtype
+        .filter(|d| !d.is_none())
+        .map(parse_dtype)
+        .transpose()?;
     if let Ok(t) = obj.cast::<PyTensor>() {
         let t = t.get().tensor.clone();
         let t = match dtype {
@@ -793,7 +991,12 @@ fn tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny
     // a check as for outputs).
     let t = match convert::to_tensor(py, obj, None, &[]) {
         Ok(Some(t)) => t,
-        Ok(None) => return Err(PyTypeError::new_err(format!("cannot make a tensor from {}", convert::describe_value(obj)))),
+        Ok(None) => {
+            return Err(PyTypeError::new_err(format!(
+                "cannot make a tensor from {}",
+                convert::describe_value(obj)
+            )))
+        }
         Err(msg) => return Err(PyValueError::new_err(msg)),
     };
     let t = match dtype {
@@ -814,7 +1017,11 @@ fn tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny
 }
 
 fn dtype_or(dtype: Option<&Bound<'_, PyAny>>, default: DType) -> PyResult<DType> {
-    dtype.filter(|d| !d.is_none()).map(parse_dtype).transpose().map(|d| d.unwrap_or(default))
+    dtype
+        .filter(|d| !d.is_none())
+        .map(parse_dtype)
+        .transpose()
+        .map(|d| d.unwrap_or(default))
 }
 
 fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Shape> {
@@ -828,23 +1035,45 @@ fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Shape> {
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None))]
 fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
-    Tensor::zeros(shape_of(shape)?, dtype_or(dtype, DType::F32)?, &current_device()).map(wrap).map_err(value_error)
+    Tensor::zeros(
+        shape_of(shape)?,
+        dtype_or(dtype, DType::F32)?,
+        &current_device(),
+    )
+    .map(wrap)
+    .map_err(value_error)
 }
 
 /// `pyop.ones(shape, dtype="f32")` on the running op's device.
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None))]
 fn ones(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
-    Tensor::ones(shape_of(shape)?, dtype_or(dtype, DType::F32)?, &current_device()).map(wrap).map_err(value_error)
+    Tensor::ones(
+        shape_of(shape)?,
+        dtype_or(dtype, DType::F32)?,
+        &current_device(),
+    )
+    .map(wrap)
+    .map_err(value_error)
 }
 
 /// `pyop.full(shape, value, dtype=None)`: dtype from the value (f32, i64 or u8) unless given.
 #[pyfunction]
 #[pyo3(signature = (shape, value, dtype=None))]
-fn full(py: Python<'_>, shape: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
+fn full(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
     let one = tensor(py, value, dtype)?;
     let shape = shape_of(shape)?;
-    one.tensor.reshape(()).and_then(|t| t.broadcast_as(shape)).and_then(|t| t.contiguous()).map(wrap).map_err(value_error)
+    one.tensor
+        .reshape(())
+        .and_then(|t| t.broadcast_as(shape))
+        .and_then(|t| t.contiguous())
+        .map(wrap)
+        .map_err(value_error)
 }
 
 /// `pyop.zeros_like(x, dtype=None)`.
@@ -852,7 +1081,9 @@ fn full(py: Python<'_>, shape: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, dtyp
 #[pyo3(signature = (x, dtype=None))]
 fn zeros_like(x: &Bound<'_, PyTensor>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
     let t = &x.get().tensor;
-    Tensor::zeros(t.shape(), dtype_or(dtype, t.dtype())?, t.device()).map(wrap).map_err(value_error)
+    Tensor::zeros(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+        .map(wrap)
+        .map_err(value_error)
 }
 
 /// `pyop.ones_like(x, dtype=None)`.
@@ -860,26 +1091,49 @@ fn zeros_like(x: &Bound<'_, PyTensor>, dtype: Option<&Bound<'_, PyAny>>) -> PyRe
 #[pyo3(signature = (x, dtype=None))]
 fn ones_like(x: &Bound<'_, PyTensor>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
     let t = &x.get().tensor;
-    Tensor::ones(t.shape(), dtype_or(dtype, t.dtype())?, t.device()).map(wrap).map_err(value_error)
+    Tensor::ones(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+        .map(wrap)
+        .map_err(value_error)
 }
 
 /// `pyop.arange(start, end, step=1, dtype=None)` (or `arange(end)`).
 #[pyfunction]
 #[pyo3(signature = (start, end=None, step=None, dtype=None))]
-fn arange(start: f64, end: Option<f64>, step: Option<f64>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyTensor> {
+fn arange(
+    start: f64,
+    end: Option<f64>,
+    step: Option<f64>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
     let (lo, hi) = match end {
         Some(e) => (start, e),
         None => (0.0, start),
     };
     let step = step.unwrap_or(1.0);
-    let d = dtype_or(dtype, if [lo, hi, step].iter().all(|v| v.fract() == 0.0) { DType::I64 } else { DType::F32 })?;
-    Tensor::arange_step(lo, hi, step, &current_device()).and_then(|t| t.to_dtype(d)).map(wrap).map_err(value_error)
+    let d = dtype_or(
+        dtype,
+        if [lo, hi, step].iter().all(|v| v.fract() == 0.0) {
+            DType::I64
+        } else {
+            DType::F32
+        },
+    )?;
+    Tensor::arange_step(lo, hi, step, &current_device())
+        .and_then(|t| t.to_dtype(d))
+        .map(wrap)
+        .map_err(value_error)
 }
 
 fn tensors_of(ts: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     let mut out = Vec::new();
     for t in ts.try_iter()? {
-        out.push(t?.cast::<PyTensor>().map_err(|_| PyTypeError::new_err("expected a sequence of pyop.Tensor"))?.get().tensor.clone());
+        out.push(
+            t?.cast::<PyTensor>()
+                .map_err(|_| PyTypeError::new_err("expected a sequence of pyop.Tensor"))?
+                .get()
+                .tensor
+                .clone(),
+        );
     }
     Ok(out)
 }
@@ -909,26 +1163,40 @@ fn stack(py: Python<'_>, tensors: &Bound<'_, PyAny>, dim: isize) -> PyResult<PyT
 /// `pyop.where(cond, x, y)`: `x` where `cond` is nonzero, else `y`, broadcasting all three;
 /// `x` or `y` may be a number.
 #[pyfunction(name = "where")]
-fn where_(py: Python<'_>, cond: &Bound<'_, PyTensor>, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+fn where_(
+    py: Python<'_>,
+    cond: &Bound<'_, PyTensor>,
+    x: &Bound<'_, PyAny>,
+    y: &Bound<'_, PyAny>,
+) -> PyResult<PyTensor> {
     let c = cond.get().tensor.clone();
     let (x, y) = match (x.cast::<PyTensor>(), y.cast::<PyTensor>()) {
         (Ok(a), _) => {
             let a = a.get();
-            let b = a.operand(py, y)?.ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
+            let b = a
+                .operand(py, y)?
+                .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
             (a.tensor.clone(), b)
         }
         (_, Ok(b)) => {
             let b = b.get();
-            let a = b.operand(py, x)?.ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
+            let a = b
+                .operand(py, x)?
+                .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
             (a, b.tensor.clone())
         }
-        _ => return Err(PyTypeError::new_err("where() needs at least one of x and y to be a tensor")),
+        _ => {
+            return Err(PyTypeError::new_err(
+                "where() needs at least one of x and y to be a tensor",
+            ))
+        }
     };
     let n = c.elem_count().max(x.elem_count()).max(y.elem_count());
     compute(py, n, || {
         let s = c.shape().broadcast_shape_binary_op(x.shape(), "where")?;
         let s = s.broadcast_shape_binary_op(y.shape(), "where")?;
-        c.broadcast_as(s.clone())?.where_cond(&x.broadcast_as(s.clone())?, &y.broadcast_as(s)?)
+        c.broadcast_as(s.clone())?
+            .where_cond(&x.broadcast_as(s.clone())?, &y.broadcast_as(s)?)
     })
     .map(wrap)
 }
@@ -969,7 +1237,9 @@ pub(crate) fn is_timeout(py: Python<'_>, err: &PyErr) -> bool {
 /// NumPy's module if something already imported it; tensor mode never imports NumPy itself.
 pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
     let modules = py.import("sys")?.getattr("modules")?;
-    modules.call_method1("get", ("numpy",)).map(|m| (!m.is_none()).then_some(m))
+    modules
+        .call_method1("get", ("numpy",))
+        .map(|m| (!m.is_none()).then_some(m))
 }
 
 /// Module-level forms of the methods (`pyop.log(x)` as well as `x.log()`); numbers become tensors.

@@ -52,7 +52,10 @@ fn watch_loop(rx: mpsc::Receiver<Watch>) {
         let now = Instant::now();
         for w in pending.iter().filter(|w| w.deadline <= now) {
             Python::attach(|py| {
-                if w.state.compare_exchange(RUNNING, FIRED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if w.state
+                    .compare_exchange(RUNNING, FIRED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
                     let exc = py.get_type::<crate::tensor::OpTimeout>();
                     // SAFETY: the GIL is held; `exc` is a live exception type.
                     unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(w.thread as _, exc.as_ptr()) };
@@ -75,13 +78,20 @@ pub(crate) fn run_limited<'py>(
     let state = Arc::new(AtomicU8::new(RUNNING));
     // SAFETY: only reads the calling thread's identifier.
     let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
-    let _ = watchdog().send(Watch { deadline: Instant::now() + limit, thread, state: state.clone() });
+    let _ = watchdog().send(Watch {
+        deadline: Instant::now() + limit,
+        thread,
+        state: state.clone(),
+    });
     let result = body();
     // Still under the GIL: the watchdog either fired before this line or never will.
     if state.swap(DONE, Ordering::AcqRel) == FIRED {
         // SAFETY: the GIL is held; a null exception clears one still pending on this thread.
         unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(thread as _, std::ptr::null_mut()) };
-        if result.as_ref().is_err_and(|e| e.is_instance_of::<crate::tensor::OpTimeout>(py)) {
+        if result
+            .as_ref()
+            .is_err_and(|e| e.is_instance_of::<crate::tensor::OpTimeout>(py))
+        {
             return Err(Error::op_failure(
                 op,
                 ErrorKind::Timeout,

@@ -1,0 +1,687 @@
+//! Numpy mode: declarations of every kind, zero-copy inputs, the output rule table, errors.
+
+use pyop::candle::{DType, Device, Storage, Tensor};
+use pyop::{py_op, Arg, ErrorKind, OutSpec, PyOp};
+
+fn cpu() -> Device {
+    Device::Cpu
+}
+
+/// Address of a CPU tensor's first element.
+fn data_ptr(t: &Tensor) -> usize {
+    let (s, l) = t.storage_and_layout();
+    let Storage::Cpu(c) = &*s else { panic!("cpu") };
+    let size = t.dtype().size_in_bytes();
+    let base = match c {
+        pyop::candle::CpuStorage::F32(v) => v.as_ptr() as usize,
+        pyop::candle::CpuStorage::F64(v) => v.as_ptr() as usize,
+        pyop::candle::CpuStorage::I64(v) => v.as_ptr() as usize,
+        _ => panic!("dtype"),
+    };
+    base + l.start_offset() * size
+}
+
+// --- the five declaration forms of the issue ---
+
+/// Doc comments carry over.
+#[py_op(file = "tests/py/stats.py", numpy, tout = f32)]
+pub fn zscore(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/stats.py", numpy, tout = i64[])]
+fn call_count(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f64)]
+fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+#[py_op(module = "numpy", name = "divmod", numpy, tout = (i64, i64))]
+fn divmod(a: &Tensor, b: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+#[py_op(code = "def rows3(x):\n    return x.reshape(-1, 3)", numpy, tout = f32[_, 3])]
+fn rows3(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/stats.py", numpy, tout = ())]
+fn log_stats(x: &Tensor, tag: &str) -> pyop::Result<()>;
+
+#[py_op(file = "tests/py/stats.py", numpy, tout = f64)]
+fn last_logged(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn file_source_is_embedded_and_runs() {
+    let x = Tensor::new(&[1f32, 2., 3., 4.], &cpu()).unwrap();
+    let z = zscore(&x).unwrap().to_vec1::<f32>().unwrap();
+    let want = [-1.3416408f32, -0.4472136, 0.4472136, 1.3416408];
+    for (a, b) in z.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6, "{z:?}");
+    }
+}
+
+#[test]
+fn ops_of_one_source_share_its_module() {
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let before = call_count(&x).unwrap().to_scalar::<i64>().unwrap();
+    zscore(&x).unwrap();
+    zscore(&x).unwrap();
+    let after = call_count(&x).unwrap().to_scalar::<i64>().unwrap();
+    assert!(after >= before + 2, "{before} -> {after}");
+}
+
+#[test]
+fn plain_attributes_reach_python() {
+    let x = Tensor::new(&[1f64, 2.], &cpu()).unwrap();
+    assert_eq!(
+        scale(&x, 2.5).unwrap().to_vec1::<f64>().unwrap(),
+        [2.5, 5.0]
+    );
+}
+
+#[test]
+fn module_function_with_two_outputs() {
+    let a = Tensor::new(&[7i64, -7, 9], &cpu()).unwrap();
+    let b = Tensor::new(&[2i64, 2, 4], &cpu()).unwrap();
+    let (q, r) = divmod(&a, &b).unwrap();
+    assert_eq!(q.to_vec1::<i64>().unwrap(), [3, -4, 2]);
+    assert_eq!(r.to_vec1::<i64>().unwrap(), [1, 1, 1]);
+}
+
+#[test]
+fn declared_shape_is_checked() {
+    let x = Tensor::arange(0f32, 6., &cpu()).unwrap();
+    assert_eq!(rows3(&x).unwrap().dims(), [2, 3]);
+    let bad = Tensor::arange(0f32, 4., &cpu()).unwrap();
+    let err = rows3(&bad).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}"); // NumPy's reshape raises ValueError
+    let err = rows3(
+        &Tensor::arange(0f32, 9., &cpu())
+            .unwrap()
+            .reshape((9,))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(err.dims(), [3, 3]);
+}
+
+#[test]
+fn unit_output_for_side_effects() {
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    log_stats(&x, "first").unwrap();
+    let v = last_logged(&x).unwrap().to_vec1::<f64>().unwrap();
+    assert!(v[0] >= 1.0);
+    assert_eq!(v[1], 6.0);
+}
+
+// --- inputs ---
+
+#[py_op(code = r#"
+import numpy as np
+def probe(x):
+    return np.array([x.ctypes.data, int(x.flags.writeable), int(x.base is not None)], dtype=np.int64)
+"#, numpy, tout = i64[3])]
+fn probe(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn inputs_are_read_only_zero_copy_views() {
+    let x = Tensor::arange(0f32, 1000., &cpu()).unwrap();
+    let v = probe(&x).unwrap().to_vec1::<i64>().unwrap();
+    assert_eq!(
+        v[0] as usize,
+        data_ptr(&x),
+        "the view must point at candle's storage"
+    );
+    assert_eq!(v[1], 0, "input views are read-only");
+    assert_eq!(v[2], 1, "the view's base keeps the storage alive");
+    let narrowed = x.narrow(0, 10, 5).unwrap();
+    let v = probe(&narrowed).unwrap().to_vec1::<i64>().unwrap();
+    assert_eq!(
+        v[0] as usize,
+        data_ptr(&narrowed),
+        "narrowed tensors are views too"
+    );
+}
+
+#[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]
+fn ident_f32(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import numpy as np\ndef copy(x):\n    return np.array(x)", name = "copy", numpy, tout = f32)]
+fn copy_f32(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn non_contiguous_inputs_arrive_with_correct_values() {
+    let x = Tensor::arange(0f32, 12., &cpu())
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap();
+    let t = x.t().unwrap();
+    assert!(!t.is_contiguous());
+    assert_eq!(
+        copy_f32(&t).unwrap().to_vec2::<f32>().unwrap(),
+        t.to_vec2::<f32>().unwrap()
+    );
+    let n = x.narrow(1, 1, 2).unwrap();
+    assert_eq!(
+        copy_f32(&n).unwrap().to_vec2::<f32>().unwrap(),
+        n.to_vec2::<f32>().unwrap()
+    );
+    let b = Tensor::new(&[1f32, 2.], &cpu())
+        .unwrap()
+        .broadcast_as((3, 2))
+        .unwrap();
+    assert_eq!(
+        copy_f32(&b).unwrap().to_vec2::<f32>().unwrap(),
+        b.to_vec2::<f32>().unwrap()
+    );
+}
+
+#[test]
+fn an_input_returned_unchanged_shares_its_storage() {
+    let x = Tensor::arange(0f32, 64., &cpu()).unwrap();
+    let y = ident_f32(&x).unwrap();
+    assert_eq!(data_ptr(&y), data_ptr(&x));
+    assert_eq!(y.to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+    let t = x.reshape((8, 8)).unwrap().t().unwrap();
+    let y = ident_f32(&t).unwrap();
+    assert_eq!(y.to_vec2::<f32>().unwrap(), t.to_vec2::<f32>().unwrap());
+}
+
+#[py_op(code = r#"
+def all_kinds(ts, xs, ns, flag, maybe, name, count):
+    assert isinstance(ts, list) and len(ts) == 2
+    assert xs == [0.5, 1.5] and ns == [1, -2] and flag is True and maybe is None
+    assert name == "café" and count == -3
+    return ts[0] + ts[1] + sum(xs) + sum(ns) + count
+"#, numpy, tout = f64)]
+#[allow(clippy::too_many_arguments)]
+fn all_kinds(
+    ts: &[Tensor],
+    xs: &[f64],
+    ns: &[i64],
+    flag: bool,
+    maybe: Option<f64>,
+    name: &str,
+    count: i64,
+) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def on(x, k):\n    return x if k is None else x * k", name = "on", numpy, tout = f64)]
+fn on_device(x: &Tensor, k: Option<f64>, device: &Device) -> pyop::Result<Tensor>;
+
+#[test]
+fn every_parameter_kind() {
+    let a = Tensor::new(&[1f64, 2.], &cpu()).unwrap();
+    let b = Tensor::new(&[10f64, 20.], &cpu()).unwrap();
+    let r = all_kinds(
+        &[a.clone(), b],
+        &[0.5, 1.5],
+        &[1, -2],
+        true,
+        None,
+        "café",
+        -3,
+    )
+    .unwrap();
+    assert_eq!(r.to_vec1::<f64>().unwrap(), [9.0, 20.0]);
+    assert_eq!(
+        on_device(&a, Some(3.0), &cpu())
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap(),
+        [3.0, 6.0]
+    );
+    assert_eq!(
+        on_device(&a, None, &cpu())
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap(),
+        [1.0, 2.0]
+    );
+}
+
+// --- outputs: the rule table, by one table-driven test ---
+
+/// A run-time numpy op whose body is `code` (defining `f`) and whose outputs are `tout`.
+fn op(code: &str, tout: &[OutSpec]) -> PyOp {
+    PyOp::builder("rule")
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.iter().cloned())
+        .build()
+        .unwrap()
+}
+
+fn f32s() -> Vec<OutSpec> {
+    vec![OutSpec::new(DType::F32)]
+}
+
+#[test]
+fn outputs_follow_one_rule_table() {
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let ok = |code: &str, tout: Vec<OutSpec>| -> Vec<Tensor> {
+        op(code, &tout)
+            .call(&[Arg::from(&x)])
+            .unwrap_or_else(|e| panic!("{code}: {e}"))
+    };
+    // One output: a value, or a 1-tuple holding it.
+    assert_eq!(
+        ok("def f(x): return x * 2", f32s())[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [2., 4.]
+    );
+    assert_eq!(
+        ok("def f(x): return (x * 2,)", f32s())[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [2., 4.]
+    );
+    // M outputs: a tuple or a list of exactly M values.
+    let two = vec![OutSpec::new(DType::F32), OutSpec::new(DType::I64)];
+    let r = ok("def f(x): return [x, 3]", two.clone());
+    assert_eq!(r[1].to_scalar::<i64>().unwrap(), 3);
+    let r = ok("def f(x): return (x, [1, 2])", two);
+    assert_eq!(r[1].to_vec1::<i64>().unwrap(), [1, 2]);
+    // No outputs: None.
+    assert!(ok("def f(x): return None", vec![]).is_empty());
+    // Python numbers and nested lists, converted exactly.
+    assert_eq!(
+        ok("def f(x): return [[1.5, 2], [3, 4]]", f32s())[0]
+            .to_vec2::<f32>()
+            .unwrap(),
+        [[1.5, 2.], [3., 4.]]
+    );
+    assert_eq!(
+        ok("def f(x): return 2.0", vec![OutSpec::new(DType::I64)])[0]
+            .to_scalar::<i64>()
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        ok("def f(x): return True", vec![OutSpec::new(DType::U8)])[0]
+            .to_scalar::<u8>()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        ok("def f(x): return 255", vec![OutSpec::new(DType::U8)])[0]
+            .to_scalar::<u8>()
+            .unwrap(),
+        255
+    );
+    // NumPy scalars of the declared dtype; bool arrays for u8.
+    assert_eq!(
+        ok("def f(x): return np.float32(1.5)", f32s())[0]
+            .to_scalar::<f32>()
+            .unwrap(),
+        1.5
+    );
+    assert_eq!(
+        ok("def f(x): return x > 1", vec![OutSpec::new(DType::U8)])[0]
+            .to_vec1::<u8>()
+            .unwrap(),
+        [0, 1]
+    );
+    // Fortran-ordered and strided arrays come back with correct values.
+    let f = ok(
+        "def f(x): return np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))",
+        f32s(),
+    );
+    assert_eq!(f[0].to_vec2::<f32>().unwrap(), [[0., 1., 2.], [3., 4., 5.]]);
+    let s = ok(
+        "def f(x): return np.arange(10, dtype=np.float32)[::3]",
+        f32s(),
+    );
+    assert_eq!(s[0].to_vec1::<f32>().unwrap(), [0., 3., 6., 9.]);
+    // Shapes with `_` match any size.
+    let shaped = vec![OutSpec::shaped(DType::F32, [None, Some(2)])];
+    assert_eq!(
+        ok("def f(x): return np.zeros((5, 2), np.float32)", shaped)[0].dims(),
+        [5, 2]
+    );
+    // Every dtype NumPy holds.
+    for (np_name, dtype) in [
+        ("uint8", DType::U8),
+        ("uint32", DType::U32),
+        ("int16", DType::I16),
+        ("int32", DType::I32),
+        ("int64", DType::I64),
+        ("float16", DType::F16),
+        ("float32", DType::F32),
+        ("float64", DType::F64),
+    ] {
+        let r = ok(
+            &format!("def f(x): return np.arange(3, dtype=np.{np_name})"),
+            vec![OutSpec::new(dtype)],
+        );
+        assert_eq!(r[0].dtype(), dtype);
+        assert_eq!(
+            r[0].to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap(),
+            [0., 1., 2.]
+        );
+    }
+}
+
+#[test]
+fn wrong_outputs_are_errors_naming_op_and_index() {
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let i64s = vec![OutSpec::new(DType::I64)];
+    let u8s = vec![OutSpec::new(DType::U8)];
+    let two = vec![OutSpec::new(DType::F32), OutSpec::new(DType::F32)];
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Vec<OutSpec>, Option<usize>, &str)> = vec![
+        ("def f(x): return (x, x)", f32s(), None, "expected 1 output, got a tuple of 2 values"),
+        ("def f(x): return ()", f32s(), None, "expected 1 output, got a tuple of 0 values"),
+        ("def f(x): return (x, x, x)", two.clone(), None, "expected 2 outputs, got 3"),
+        ("def f(x): return x", two.clone(), None, "expected a tuple of 2 outputs"),
+        ("def f(x): return [x]", two.clone(), None, "expected 2 outputs, got 1"),
+        ("def f(x): return (x, None)", two, Some(1), "output 1: expected f32"),
+        ("def f(x): return x", vec![], None, "`tout = ()` expects the body to return None"),
+        ("def f(x): return None", f32s(), Some(0), "got None"),
+        ("def f(x): return {'a': 1}", f32s(), Some(0), "got a value of type `dict`"),
+        ("def f(x): return 'text'", f32s(), Some(0), "got a value of type `str`"),
+        ("def f(x): return x.astype(np.float64)", f32s(), Some(0), "expected dtype f32, got a NumPy array of dtype float64"),
+        ("def f(x): return np.array([1, 'a'], dtype=object)", f32s(), Some(0), "object arrays are not tensors"),
+        ("def f(x): return np.zeros(2, dtype=[('a', 'f4')])", f32s(), Some(0), "structured arrays are not tensors"),
+        ("def f(x): return np.float64(1.0)", f32s(), Some(0), "expected dtype f32, got a NumPy array of dtype float64"),
+        ("def f(x): return 0.5", i64s.clone(), Some(0), "the float 0.5 does not fit dtype i64 exactly"),
+        ("def f(x): return 256", u8s.clone(), Some(0), "the int 256 does not fit dtype u8 exactly"),
+        ("def f(x): return -1", u8s, Some(0), "the int -1 does not fit dtype u8 exactly"),
+        ("def f(x): return 2**70", i64s.clone(), Some(0), "does not fit any tensor dtype"),
+        ("def f(x): return [[1, 2], [3]]", i64s.clone(), Some(0), "ragged nested list"),
+        ("def f(x): return [1, 'a']", i64s, Some(0), "expected numbers, got a value of type `str`"),
+        ("def f(x): return np.zeros((2, 2), np.float32)", vec![OutSpec::shaped(DType::F32, [Some(2), Some(3)])], Some(0), "expected shape f32[2, 3], got shape [2, 2]"),
+        ("def f(x): return np.zeros(3, np.float32)", vec![OutSpec::shaped(DType::F32, [])], Some(0), "expected shape f32[], got shape [3]"),
+    ];
+    for (code, tout, index, message) in cases {
+        let err = op(code, &tout).call(&[Arg::from(&x)]).expect_err(code);
+        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{code}: {err}");
+        assert_eq!(err.op(), Some("rule"), "{code}");
+        assert_eq!(err.index(), index, "{code}: {err}");
+        assert!(err.to_string().contains(message), "{code}: {err}");
+        assert!(err.to_string().starts_with("op `rule`: "), "{code}: {err}");
+    }
+}
+
+#[test]
+fn returned_arrays_do_not_alias_python_memory() {
+    let keep = op(
+        "buf = np.zeros(3, np.float32)\ndef f(x):\n    buf[:] += 1\n    return buf",
+        &f32s(),
+    );
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let first = keep.call(&[Arg::from(&x)]).unwrap().remove(0);
+    let second = keep.call(&[Arg::from(&x)]).unwrap().remove(0);
+    assert_eq!(
+        first.to_vec1::<f32>().unwrap(),
+        [1., 1., 1.],
+        "Python's later mutation must not show"
+    );
+    assert_eq!(second.to_vec1::<f32>().unwrap(), [2., 2., 2.]);
+}
+
+// --- Python exceptions ---
+
+#[test]
+fn python_exceptions_keep_kind_message_and_traceback() {
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (raise, kind, exception) in [
+        (
+            "raise ValueError('bad value')",
+            ErrorKind::InvalidArgument,
+            "ValueError",
+        ),
+        (
+            "raise TypeError('bad type')",
+            ErrorKind::InvalidArgument,
+            "TypeError",
+        ),
+        (
+            "raise StopIteration('done')",
+            ErrorKind::OutOfRange,
+            "StopIteration",
+        ),
+        (
+            "raise MemoryError('full')",
+            ErrorKind::ResourceExhausted,
+            "MemoryError",
+        ),
+        (
+            "raise NotImplementedError('later')",
+            ErrorKind::Unimplemented,
+            "NotImplementedError",
+        ),
+        ("raise KeyError('k')", ErrorKind::Unknown, "KeyError"),
+        (
+            "raise RuntimeError('boom')",
+            ErrorKind::Unknown,
+            "RuntimeError",
+        ),
+        (
+            "raise KeyboardInterrupt()",
+            ErrorKind::Cancelled,
+            "KeyboardInterrupt",
+        ),
+        ("raise SystemExit(3)", ErrorKind::Cancelled, "SystemExit"),
+    ] {
+        let body = op(
+            &format!("def inner():\n    {raise}\ndef f(x):\n    inner()"),
+            &f32s(),
+        );
+        let err = body.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(err.kind(), kind, "{raise}: {err}");
+        assert_eq!(err.op(), Some("rule"));
+        let pyop::Error::Python {
+            exception: e,
+            traceback,
+            ..
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(e, exception);
+        assert!(
+            traceback.contains("Traceback (most recent call last)"),
+            "{traceback}"
+        );
+        assert!(traceback.contains("in inner"), "{traceback}");
+        assert!(traceback.contains("line 3, in inner"), "{traceback}");
+    }
+}
+
+#[py_op(file = "tests/py/stats.py", numpy, tout = f32)]
+fn fails(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn traceback_names_the_embedded_file_and_shows_its_lines() {
+    let x = Tensor::new(&[-2f32], &cpu()).unwrap();
+    let err = fails(&x).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let text = err.to_string();
+    assert!(
+        text.starts_with("op `fails`: ValueError: x must be positive, got -2.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tests/py/stats.py\", line 23, in helper_that_fails"),
+        "{text}"
+    );
+    assert!(
+        text.contains("raise ValueError(\"x must be positive"),
+        "source lines shown: {text}"
+    );
+}
+
+// --- state, run-time ops ---
+
+#[py_op(code = "import itertools\ncounter = itertools.count()\ndef tick(x):\n    return next(counter)", numpy, tout = i64)]
+fn tick(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn ops_are_never_cached() {
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let a = tick(&x).unwrap().to_scalar::<i64>().unwrap();
+    let b = tick(&x).unwrap().to_scalar::<i64>().unwrap();
+    assert_eq!(b, a + 1);
+}
+
+#[test]
+fn runtime_ops_get_their_own_namespace() {
+    let code = "n = 0\ndef f(x):\n    global n\n    n += 1\n    return n";
+    let a = op(code, &[OutSpec::new(DType::I64)]);
+    let b = op(code, &[OutSpec::new(DType::I64)]);
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    a.call(&[Arg::from(&x)]).unwrap();
+    a.call(&[Arg::from(&x)]).unwrap();
+    let nb = b
+        .call(&[Arg::from(&x)])
+        .unwrap()
+        .remove(0)
+        .to_scalar::<i64>()
+        .unwrap();
+    assert_eq!(nb, 1, "b does not see a's state");
+}
+
+#[test]
+fn runtime_op_from_a_python_callable() {
+    use pyop::pyo3::prelude::*;
+    let f = Python::attach(|py| -> PyResult<Py<PyAny>> {
+        let m = PyModule::from_code(
+            py,
+            c"def half(x):\n    return x / 2\n",
+            c"half.py",
+            c"half_mod",
+        )?;
+        Ok(m.getattr("half")?.unbind())
+    })
+    .unwrap();
+    let op = PyOp::builder("half")
+        .callable(f)
+        .numpy()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[3f64], &cpu()).unwrap();
+    assert_eq!(
+        op.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [1.5]
+    );
+}
+
+#[test]
+fn bad_sources_are_errors() {
+    let cases: Vec<(pyop::Result<PyOp>, ErrorKind, &str)> = vec![
+        (
+            PyOp::builder("nofn")
+                .code("def g(x): return x")
+                .tout([])
+                .build(),
+            ErrorKind::MissingFunction,
+            "has no function `nofn`",
+        ),
+        (
+            PyOp::builder("notcallable")
+                .code("notcallable = 3")
+                .tout([])
+                .build(),
+            ErrorKind::MissingFunction,
+            "is not callable",
+        ),
+        (
+            PyOp::builder("syntax")
+                .code("def syntax(x):\n    return (x\n")
+                .tout([])
+                .build(),
+            ErrorKind::Source,
+            "line 2",
+        ),
+        (
+            PyOp::builder("imp")
+                .module("no_such_module_pyop")
+                .tout([])
+                .build(),
+            ErrorKind::Source,
+            "cannot import module `no_such_module_pyop`",
+        ),
+        (
+            PyOp::builder("raises")
+                .code("raise RuntimeError('at import')")
+                .tout([])
+                .build(),
+            ErrorKind::Source,
+            "at import",
+        ),
+        (
+            PyOp::builder("notout").code("def notout(x): pass").build(),
+            ErrorKind::InvalidArgument,
+            "no `tout`",
+        ),
+        (
+            PyOp::builder("bf")
+                .code("def bf(x): pass")
+                .numpy()
+                .tout([OutSpec::new(DType::BF16)])
+                .build(),
+            ErrorKind::InvalidArgument,
+            "NumPy cannot hold",
+        ),
+    ];
+    for (result, kind, message) in cases {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), kind, "{err}");
+        assert!(err.to_string().contains(message), "{err}");
+    }
+}
+
+#[test]
+fn numpy_mode_rejects_dtypes_numpy_cannot_hold() {
+    let x = Tensor::new(&[1f32], &cpu())
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let err = ident_f32(&x).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string()
+            .contains("input 0 is bf16, which NumPy cannot hold"),
+        "{err}"
+    );
+}
+
+// --- errors and candle ---
+
+#[test]
+fn errors_convert_to_and_from_candle() {
+    fn candle_result(x: &Tensor) -> pyop::candle::Result<Tensor> {
+        Ok(rows3(x)?) // pyop::Error -> candle::Error through `?`
+    }
+    let bad = Tensor::arange(0f32, 4., &cpu()).unwrap();
+    let candle_err = candle_result(&bad).unwrap_err();
+    let back: pyop::Error = candle_err.into();
+    assert_eq!(
+        back.kind(),
+        ErrorKind::InvalidArgument,
+        "the kind survives the round trip"
+    );
+    assert_eq!(back.op(), Some("rows3"));
+    fn pyop_result() -> pyop::Result<Tensor> {
+        Ok(Tensor::new(&[1f32], &Device::Cpu)?.reshape((2, 2))?) // candle::Error -> pyop::Error
+    }
+    assert_eq!(pyop_result().unwrap_err().kind(), ErrorKind::Candle);
+}
+
+#[test]
+fn ops_run_from_many_threads() {
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                for j in 0..50 {
+                    let x = Tensor::new(&[i as f64, j as f64], &Device::Cpu).unwrap();
+                    let y = scale(&x, 2.0).unwrap().to_vec1::<f64>().unwrap();
+                    assert_eq!(y, [2.0 * i as f64, 2.0 * j as f64]);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
