@@ -45,6 +45,8 @@ pub struct Options {
     pub grad: Option<Attr<Grad>>,
     pub timeout_ms: Option<Attr<LitInt>>,
     pub krate: Option<Attr<syn::Path>>,
+    /// Every key written, valid value or not: a key whose value was wrong is not also "missing".
+    pub written: Vec<String>,
 }
 
 /// `tout`: one output, a tuple of them, or `()`.
@@ -100,6 +102,7 @@ impl Options {
             }
         };
         let name = key.ident.to_string();
+        self.written.push(name.clone());
         if name != "numpy" && value.as_ref().is_none_or(|v| v.is_empty()) {
             if KEYS.contains(&format!("`{name}`")) {
                 cx.error_spanned_by(

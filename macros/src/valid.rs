@@ -12,7 +12,9 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         .flatten()
         .map(|a| &a.key)
         .collect();
+    let written = |k: &str| opts.written.iter().any(|w| w == k);
     match sources.as_slice() {
+        [] if ["file", "code", "module"].iter().any(|k| written(k)) => {}
         [] => cx.syn_error(syn::Error::new(
             Span::call_site(),
             "missing the body's source: give one of `file = \"ops/my_op.py\"`, `code = \"def ...\"` or `module = \"name\"`",
@@ -25,6 +27,9 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         }
     }
     let Some(tout) = &opts.tout else {
+        if written("tout") {
+            return;
+        }
         cx.syn_error(syn::Error::new(
             Span::call_site(),
             "missing `tout`: declare the outputs, e.g. `tout = f32`, `tout = (f32, i64)` or `tout = ()`",

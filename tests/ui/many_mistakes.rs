@@ -1,0 +1,10 @@
+use pyop::{py_op, Tensor};
+
+#[py_op(code = "def f(x): return x", code = "again", numpy, tout = (f33, f32[x]), colour = "red")]
+async fn f(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+
+fn main() {
+    // The fallback keeps call sites compiling: no cascade of errors here.
+    let x = Tensor::new(&[1f32], &pyop::candle::Device::Cpu).unwrap();
+    let _ = f(&x, 1);
+}

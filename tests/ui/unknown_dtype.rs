@@ -1,0 +1,6 @@
+use pyop::{py_op, Tensor};
+
+#[py_op(code = "def f(x): return x", tout = (f32, float32))]
+fn f(x: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+fn main() {}
