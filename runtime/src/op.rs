@@ -38,6 +38,8 @@ pub(crate) struct OpInner {
     pub gradient: Option<Gradient>,
     pub timeout: Option<Duration>,
     pub counters: Counters,
+    /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
+    owns_lines: bool,
     /// Keeps a run-time op's private namespace alive for as long as the op.
     _module: Option<Py<PyAny>>,
 }
@@ -238,7 +240,10 @@ impl OpBuilder {
 
     /// The body is defined in `code`; the function's name defaults to the op's.
     pub fn code(mut self, code: impl Into<String>) -> Self {
-        let filename = format!("<pyop op `{}`>", self.name);
+        // Unique, so that the lines this op puts in `linecache` are its own.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let filename = format!("<pyop op `{}` #{n}>", self.name);
         self.body = BodySpec::Source(Source::Code {
             code: Cow::Owned(code.into()),
             filename: Cow::Owned(filename),
@@ -415,6 +420,7 @@ impl OpBuilder {
                 gradient,
                 timeout: self.timeout,
                 counters: Counters::default(),
+                owns_lines: !shared,
                 _module: module,
             }),
         })
@@ -427,7 +433,11 @@ impl Drop for OpInner {
         // deferred pool: a dropped run-time op leaves nothing behind in Python.
         if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
             Python::attach(|py| {
-                let _ = py;
+                if self.owns_lines {
+                    if let Some(src) = &self.source {
+                        source::forget_lines(py, src);
+                    }
+                }
                 self._module.take();
                 self.gradient.take();
                 let body = std::mem::replace(&mut self.body, py.None());

@@ -14,6 +14,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTracebackMethods;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -217,6 +218,8 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         ErrorKind::Cancelled
     } else if crate::tensor::is_timeout(py, &err) {
         ErrorKind::Timeout
+    } else if err.is_instance_of::<pyo3::panic::PanicException>(py) {
+        ErrorKind::Panic
     } else {
         ErrorKind::Unknown
     };
@@ -232,7 +235,7 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         .unwrap_or_default();
     let traceback = err
         .traceback(py)
-        .and_then(|tb| tb.format().ok())
+        .map(|tb| format_traceback(py, &tb))
         .unwrap_or_default();
     Error::Python {
         op: op.to_owned(),
@@ -240,5 +243,19 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         exception,
         message,
         traceback,
+    }
+}
+
+/// Formats a traceback with Python's `traceback` module, which reads source lines through
+/// `linecache` (where pyop puts embedded and inline sources), unlike `PyTraceBack_Print`.
+fn format_traceback(py: Python<'_>, tb: &Bound<'_, pyo3::types::PyTraceback>) -> String {
+    let formatted = py
+        .import("traceback")
+        .and_then(|m| m.call_method1("format_tb", (tb,)))
+        .and_then(|lines| "".into_pyobject(py)?.call_method1("join", (lines,)))
+        .and_then(|s| s.extract::<String>());
+    match formatted {
+        Ok(body) => format!("Traceback (most recent call last):\n{body}"),
+        Err(_) => tb.format().unwrap_or_default(),
     }
 }

@@ -93,7 +93,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A module of the op's own (run-time ops), not registered anywhere.
+/// A module of the op's own (run-time ops), not registered anywhere. Inline code's lines go
+/// into `linecache` under its unique filename, for tracebacks; [`forget_lines`] takes them out
+/// when the op is dropped.
 pub(crate) fn private_module<'py>(
     py: Python<'py>,
     op: &str,
@@ -101,7 +103,17 @@ pub(crate) fn private_module<'py>(
 ) -> Result<Bound<'py, PyAny>> {
     match source {
         Source::Module(name) => import(py, op, name),
-        _ => load(py, op, source, false),
+        Source::Code { .. } => load(py, op, source, true),
+        Source::File { .. } => load(py, op, source, false),
+    }
+}
+
+/// Removes a run-time op's inline code from `linecache`.
+pub(crate) fn forget_lines(py: Python<'_>, source: &Source) {
+    if let Source::Code { filename, .. } = source {
+        if let Ok(cache) = PyModule::import(py, "linecache").and_then(|m| m.getattr("cache")) {
+            let _ = cache.call_method1("pop", (filename.as_ref(), py.None()));
+        }
     }
 }
 

@@ -212,6 +212,22 @@ impl PyTensor {
         compute(py, self.n(), || f(t)).map(wrap)
     }
 
+    /// Runs a float-only candle op (candle's unary kernels have no integer versions).
+    fn math(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<PyTensor> {
+        if !self.tensor.dtype().is_float() {
+            return Err(PyTypeError::new_err(format!(
+                "{name}() needs a float tensor, got {}; convert with .to_dtype(\"f32\") first",
+                self.dtype()
+            )));
+        }
+        self.unary(py, f)
+    }
+
     /// The other operand of a binary op, as a tensor of this tensor's dtype on its device.
     fn operand(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Option<Tensor>> {
         if let Ok(o) = other.cast::<PyTensor>() {
@@ -335,7 +351,7 @@ fn powi(t: &Tensor, e: u64) -> CResult<Tensor> {
         }
         e >>= 1;
         if e > 0 {
-            base = base.sqr()?;
+            base = (&base * &base)?;
         }
     }
     Ok(result.expect("e > 0"))
@@ -590,7 +606,12 @@ impl PyTensor {
     }
 
     fn __abs__(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.abs())
+        if self.tensor.dtype().is_float() {
+            self.unary(py, |t| t.abs())
+        } else {
+            // candle's unary kernels are float-only: |t| = max(t, 0 - t) for integers.
+            self.unary(py, |t| t.maximum(&t.zeros_like()?.sub(t)?))
+        }
     }
 
     fn __richcmp__(
@@ -612,59 +633,63 @@ impl PyTensor {
     // --- math ---
 
     fn abs(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.abs())
+        self.__abs__(py)
     }
     fn exp(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.exp())
+        self.math(py, "exp", |t| t.exp())
     }
     fn log(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.log())
+        self.math(py, "log", |t| t.log())
     }
     fn sqrt(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.sqrt())
+        self.math(py, "sqrt", |t| t.sqrt())
     }
     fn square(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.sqr())
+        self.unary(py, |t| t * t)
     }
     fn sin(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.sin())
+        self.math(py, "sin", |t| t.sin())
     }
     fn cos(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.cos())
+        self.math(py, "cos", |t| t.cos())
     }
     fn tanh(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.tanh())
+        self.math(py, "tanh", |t| t.tanh())
     }
     fn relu(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.relu())
+        if self.tensor.dtype().is_float() {
+            self.unary(py, |t| t.relu())
+        } else {
+            self.unary(py, |t| t.maximum(&t.zeros_like()?))
+        }
     }
     fn sigmoid(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, sigmoid)
+        self.math(py, "sigmoid", sigmoid)
     }
     /// Beyond the list: `erf`, `gelu`, `silu`, `floor`, `ceil`, `round`, `sign`, `recip`.
     fn erf(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.erf())
+        self.math(py, "erf", |t| t.erf())
     }
     fn gelu(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.gelu_erf())
+        self.math(py, "gelu_erf", |t| t.gelu_erf())
     }
     fn silu(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.silu())
+        self.math(py, "silu", |t| t.silu())
     }
     fn floor(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.floor())
+        self.math(py, "floor", |t| t.floor())
     }
     fn ceil(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.ceil())
+        self.math(py, "ceil", |t| t.ceil())
     }
     fn round(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.round())
+        self.math(py, "round", |t| t.round())
     }
     fn sign(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.sign())
+        self.math(py, "sign", |t| t.sign())
     }
     fn recip(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.unary(py, |t| t.recip())
+        self.math(py, "recip", |t| t.recip())
     }
 
     /// Elementwise maximum with a tensor or number (broadcasting).

@@ -1,0 +1,334 @@
+//! Tensor mode: every `pyop.Tensor` operation against the candle op called from Rust, gradients
+//! of Python bodies against central finite differences, and errors raised in tensor methods.
+
+use pyop::candle::{DType, Device, Tensor, Var, D};
+use pyop::{gradcheck, py_op, Arg, ErrorKind, GradCheck, OutSpec, PyOp};
+
+type Reference = fn(&Tensor, &Tensor) -> pyop::candle::Result<Tensor>;
+
+fn x() -> Tensor {
+    Tensor::new(&[[0.5f64, -1.5, 2.0], [3.0, -0.25, 1.0]], &Device::Cpu).unwrap()
+}
+
+fn y() -> Tensor {
+    Tensor::new(&[0.75f64, 2.0, -3.0], &Device::Cpu).unwrap()
+}
+
+/// A tensor-mode op `f(x, y)` returning `expr`, declared to return `dtype`.
+fn expr_op(expr: &str, dtype: DType) -> PyOp {
+    PyOp::builder("expr")
+        .code(format!("import pyop\ndef f(x, y):\n    return {expr}\n"))
+        .function("f")
+        .tout([OutSpec::new(dtype)])
+        .build()
+        .unwrap()
+}
+
+fn eval(expr: &str, reference: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    let op = expr_op(expr, reference.dtype());
+    op.call(&[Arg::from(a), Arg::from(b)])
+        .unwrap_or_else(|e| panic!("{expr}: {e}"))
+        .remove(0)
+}
+
+fn assert_same(expr: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.dims(), want.dims(), "{expr}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{expr}: dtype");
+    let g = got
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    let w = want
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    for (a, b) in g.iter().zip(&w) {
+        assert!(
+            a == b || (a - b).abs() <= 1e-12 * b.abs().max(1.0) || (a.is_nan() && b.is_nan()),
+            "{expr}: got {g:?}, want {w:?}"
+        );
+    }
+}
+
+#[test]
+fn every_operation_matches_candle() {
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Reference)> = vec![
+        // operators, broadcasting, Python numbers on either side
+        ("x + y", |x, y| x.broadcast_add(y)),
+        ("x - y", |x, y| x.broadcast_sub(y)),
+        ("x * y", |x, y| x.broadcast_mul(y)),
+        ("x / y", |x, y| x.broadcast_div(y)),
+        ("x + 1", |x, _| x + 1.0),
+        ("2 + x", |x, _| x + 2.0),
+        ("1 - x", |x, _| x.neg()? + 1.0),
+        ("x * 3", |x, _| x * 3.0),
+        ("x / 2", |x, _| x / 2.0),
+        ("2 / x", |x, _| x.recip()? * 2.0),
+        ("x ** 2", |x, _| x.sqr()),
+        ("x ** 3", |x, _| x.powf(3.0)),
+        ("abs(x) ** 0.5", |x, _| x.abs()?.powf(0.5)),
+        ("abs(x) ** y", |x, y| x.abs()?.broadcast_pow(y)),
+        ("2 ** x", |x, _| x.broadcast_mul(&Tensor::new(2f64.ln(), x.device())?)?.exp()),
+        ("x @ x.t()", |x, _| x.matmul(&x.t()?)),
+        ("x @ y", |x, y| x.matmul(&y.unsqueeze(1)?)?.squeeze(1)),
+        ("-x", |x, _| x.neg()),
+        ("abs(x)", |x, _| x.abs()),
+        ("+x", |x, _| Ok(x.clone())),
+        // comparisons give u8 masks
+        ("x < y", |x, y| x.broadcast_lt(y)),
+        ("x <= y", |x, y| x.broadcast_le(y)),
+        ("x > y", |x, y| x.broadcast_gt(y)),
+        ("x >= y", |x, y| x.broadcast_ge(y)),
+        ("x == y", |x, y| x.broadcast_eq(y)),
+        ("x != y", |x, y| x.broadcast_ne(y)),
+        ("x > 1", |x, _| x.gt(1.0)),
+        // math, as methods and as module functions
+        ("x.exp()", |x, _| x.exp()),
+        ("pyop.exp(x)", |x, _| x.exp()),
+        ("abs(x).log()", |x, _| x.abs()?.log()),
+        ("pyop.log(abs(x))", |x, _| x.abs()?.log()),
+        ("abs(x).sqrt()", |x, _| x.abs()?.sqrt()),
+        ("x.square()", |x, _| x.sqr()),
+        ("pyop.sin(x)", |x, _| x.sin()),
+        ("x.cos()", |x, _| x.cos()),
+        ("pyop.tanh(x)", |x, _| x.tanh()),
+        ("x.relu()", |x, _| x.relu()),
+        ("pyop.sigmoid(x)", |x, _| candle_nn::ops::sigmoid(x)),
+        ("x.clamp(-1, 1)", |x, _| x.clamp(-1.0, 1.0)),
+        ("pyop.clamp(x, max=0.5)", |x, _| x.minimum(0.5)),
+        ("pyop.maximum(x, y)", |x, y| x.broadcast_maximum(y)),
+        ("pyop.minimum(0, x)", |x, _| x.minimum(0.0)),
+        ("pyop.where(x > 0, x, y)", |x, y| x.gt(0.0)?.where_cond(x, &y.broadcast_as(x.shape())?)),
+        ("pyop.where(x > 0, x, 0.0)", |x, _| x.gt(0.0)?.where_cond(x, &x.zeros_like()?)),
+        // reductions
+        ("x.sum()", |x, _| x.sum_all()),
+        ("pyop.sum(x, 0)", |x, _| x.sum(0)),
+        ("x.sum(1, keepdim=True)", |x, _| x.sum_keepdim(1)),
+        ("x.sum((0, 1))", |x, _| x.sum_all()),
+        ("x.mean()", |x, _| x.mean_all()),
+        ("x.mean(-1)", |x, _| x.mean(D::Minus1)),
+        ("x.max()", |x, _| x.flatten_all()?.max(0)),
+        ("x.max(0)", |x, _| x.max(0)),
+        ("x.min(1, keepdim=True)", |x, _| x.min_keepdim(1)),
+        ("x.argmax()", |x, _| x.flatten_all()?.argmax(0)),
+        ("x.argmin(1)", |x, _| x.argmin(1)),
+        // shapes and indexing
+        ("x.reshape(3, 2)", |x, _| x.reshape((3, 2))),
+        ("x.reshape((-1,))", |x, _| x.flatten_all()),
+        ("x.transpose(0, 1)", |x, _| x.transpose(0, 1)),
+        ("x.t()", |x, _| x.t()),
+        ("x.T", |x, _| x.t()),
+        ("x.unsqueeze(0)", |x, _| x.unsqueeze(0)),
+        ("x.unsqueeze(-1)", |x, _| x.unsqueeze(2)),
+        ("x.unsqueeze(1).squeeze(1)", |x, _| Ok(x.clone())),
+        ("x.reshape(1, 2, 1, 3).squeeze()", |x, _| Ok(x.clone())),
+        ("y.broadcast_to(2, 3)", |_, y| y.broadcast_as((2, 3))),
+        ("x.narrow(1, 1, 2)", |x, _| x.narrow(1, 1, 2)),
+        ("x[1]", |x, _| x.get(1)),
+        ("x[-1]", |x, _| x.get(1)),
+        ("x[0, 2]", |x, _| x.get(0)?.get(2)),
+        ("x[:, 1:]", |x, _| x.narrow(1, 1, 2)),
+        ("x[0:1]", |x, _| x.narrow(0, 0, 1)),
+        ("x[pyop.tensor([1, 0, 1])]", |x, _| x.index_select(&Tensor::new(&[1i64, 0, 1], x.device())?, 0)),
+        ("pyop.cat([x, x], 1)", |x, _| Tensor::cat(&[x, x], 1)),
+        ("pyop.stack([y, y, y])", |_, y| Tensor::stack(&[y, y, y], 0)),
+        ("x.flatten()", |x, _| x.flatten_all()),
+        // conversions and creation
+        ("x.to_dtype('f32')", |x, _| x.to_dtype(DType::F32)),
+        ("x.to_dtype('float32')", |x, _| x.to_dtype(DType::F32)),
+        ("x.detach()", |x, _| Ok(x.clone())),
+        ("pyop.tensor(x.numpy())", |x, _| Ok(x.clone())),
+        ("pyop.tensor(x.tolist(), dtype='f64')", |x, _| Ok(x.clone())),
+        ("pyop.tensor([[1.5, 2], [3, 4]])", |x, _| Tensor::new(&[[1.5f32, 2.], [3., 4.]], x.device())),
+        ("pyop.tensor([1, 2, 3])", |x, _| Tensor::new(&[1i64, 2, 3], x.device())),
+        ("pyop.tensor([True, False])", |x, _| Tensor::new(&[1u8, 0], x.device())),
+        ("pyop.tensor(2.5, dtype='f64')", |_, _| Tensor::new(2.5f64, &Device::Cpu)),
+        ("pyop.zeros((2, 3), dtype='f64')", |x, _| x.zeros_like()),
+        ("pyop.ones(3)", |x, _| Tensor::ones(3, DType::F32, x.device())),
+        ("pyop.zeros_like(x)", |x, _| x.zeros_like()),
+        ("pyop.ones_like(y, dtype='i64')", |_, y| Tensor::ones(3, DType::I64, y.device())),
+        ("pyop.full((2, 2), 7)", |x, _| Tensor::new(&[[7i64, 7], [7, 7]], x.device())),
+        ("pyop.arange(4)", |x, _| Tensor::new(&[0i64, 1, 2, 3], x.device())),
+        // Python numbers and control flow
+        ("pyop.tensor(float(x.sum()), dtype='f64')", |x, _| x.sum_all()),
+        ("pyop.tensor(int(x.argmax()))", |x, _| x.flatten_all()?.argmax(0)?.to_dtype(DType::I64)),
+        ("x * 2 if bool(x.sum() > 0) else x", |x, _| x * 2.0),
+        ("pyop.tensor(x[1, 0].item(), dtype='f64')", |x, _| x.get(1)?.get(0)),
+        ("pyop.tensor(len(x))", |_, _| Tensor::new(2i64, &Device::Cpu)),
+        ("pyop.tensor(list(x.shape))", |_, _| Tensor::new(&[2i64, 3], &Device::Cpu)),
+        ("pyop.tensor(x.ndim + x.numel())", |_, _| Tensor::new(8i64, &Device::Cpu)),
+    ];
+    let (a, b) = (x(), y());
+    for (expr, reference) in cases {
+        let want = reference(&a, &b).unwrap_or_else(|e| panic!("{expr}: reference: {e}"));
+        let got = eval(expr, &want, &a, &b);
+        assert_same(expr, &got, &want);
+    }
+}
+
+#[test]
+fn dtype_and_device_properties() {
+    let op = PyOp::builder("props")
+        .code("import pyop\ndef props(x):\n    assert x.dtype == 'f64', x.dtype\n    assert x.device == 'cpu'\n    assert x.shape == (2, 3)\n    assert repr(x).startswith('pyop.Tensor(')\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    op.call(&[Arg::from(&x())]).unwrap();
+}
+
+#[test]
+fn integer_tensors_follow_the_numerics_table() {
+    let n = Tensor::new(&[1i64, 2, 3], &Device::Cpu).unwrap();
+    let ok = |expr: &str, want: &[i64]| {
+        let got = eval(expr, &Tensor::new(want, &Device::Cpu).unwrap(), &n, &n);
+        assert_eq!(got.to_vec1::<i64>().unwrap(), want, "{expr}");
+    };
+    ok("x + 1", &[2, 3, 4]);
+    ok("x * 2.0", &[2, 4, 6]); // an integral float fits an integer tensor exactly
+    ok("x ** 2", &[1, 4, 9]);
+    ok("-x", &[-1, -2, -3]);
+    let err = |expr: &str, message: &str| {
+        let op = expr_op(expr, DType::I64);
+        let e = op.call(&[Arg::from(&n), Arg::from(&n)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{expr}: {e}");
+        assert!(e.to_string().contains(message), "{expr}: {e}");
+    };
+    err("x + 0.5", "the float 0.5 does not fit dtype i64 exactly");
+    err("x / 2", "`/` needs a float tensor, got i64");
+    err("x + pyop.tensor([1.0, 2.0, 3.0])", "dtype mismatch");
+    err("x.to_dtype('f33')", "unknown dtype 'f33'");
+    err(
+        "x ** 0.5",
+        "can only be raised to a non-negative integer power",
+    );
+}
+
+// --- gradients through Python bodies, against finite differences ---
+
+fn body(name: &str, params: &str, body: &str, tout: &[DType]) -> PyOp {
+    PyOp::builder(name)
+        .code(format!("import pyop\ndef {name}({params}):\n{body}\n"))
+        .tout(tout.iter().map(|&d| OutSpec::new(d)))
+        .build()
+        .unwrap()
+}
+
+fn check_grad(op: &PyOp, inputs: &[Tensor]) {
+    let report = gradcheck(
+        |xs| op.call(&xs.iter().map(Arg::from).collect::<Vec<_>>()),
+        inputs,
+        GradCheck::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+    assert!(
+        report.max_abs_error.iter().all(|&e| e < 1e-5),
+        "{}: {report:?}",
+        op.name()
+    );
+}
+
+#[test]
+fn gradients_flow_through_python_bodies() {
+    let f64s = |v: &[f64]| Tensor::new(v, &Device::Cpu).unwrap();
+    let m2 = || Tensor::new(&[[0.3f64, -0.7], [1.1, 0.4], [-0.2, 0.9]], &Device::Cpu).unwrap();
+    let (a, b) = (x(), y());
+    let cases: Vec<(PyOp, Vec<Tensor>)> = vec![
+        (body("broadcast", "x, y", "    return x ** 2 * y - y / (1 + x * x)", &[DType::F64]), vec![a.clone(), b.clone()]),
+        (body("branches", "x, m", "    if float(abs(x).sum()) <= float(m):\n        return x ** 2\n    return m ** 2 * (1 - 2 * pyop.log(m) + pyop.log(x ** 2))", &[DType::F64]), vec![f64s(&[3.0]), f64s(&[2.0])]),
+        (body("branches_other", "x, m", "    if float(abs(x).sum()) <= float(m):\n        return x ** 2\n    return m ** 2 * pyop.log(x ** 2)", &[DType::F64]), vec![f64s(&[1.0]), f64s(&[2.0])]),
+        (body("loop", "x, y", "    for _ in range(3):\n        x = x * y + 1\n    return x", &[DType::F64]), vec![a.clone(), b.clone()]),
+        (body("while_loop", "x", "    s = x\n    while float(abs(s).sum()) < 40:\n        s = s * 2 + x\n    return s", &[DType::F64]), vec![a.clone()]),
+        (body("reductions", "x", "    return x.exp().sum(1) / (x.max(1) + 5) + x.mean(0).sum() - x.min()", &[DType::F64]), vec![a.clone()]),
+        (body("two_outputs", "x, y", "    return x.sin(), (x * y).sum()", &[DType::F64, DType::F64]), vec![a.clone(), b.clone()]),
+        (body("masked", "x", "    return pyop.where(x > 0, x ** 2, -x * 3)", &[DType::F64]), vec![a.clone()]),
+        (body("matmul", "x, w", "    return (x @ w).tanh()", &[DType::F64]), vec![a.clone(), m2()]),
+        (body("shapes", "x, y", "    z = pyop.cat([x.t().reshape(-1)[1:4], y], 0)\n    return pyop.stack([z, z * z]).sum(0)", &[DType::F64]), vec![a.clone(), b.clone()]),
+        (body("activations", "x", "    return pyop.sigmoid(x) * x.relu() + pyop.tanh(x) * x.exp().sqrt()", &[DType::F64]), vec![a.clone()]),
+        (body("clamped", "x, y", "    return pyop.maximum(x, y).clamp(-1, 2.5) + pyop.minimum(x, 0.3)", &[DType::F64]), vec![a.clone(), b.clone()]),
+        (body("mixed_outputs", "x", "    return x * 2, x.argmax(), (x > 0).to_dtype('f64') * x", &[DType::F64, DType::U32, DType::F64]), vec![a.clone()]),
+        (body("f32_input", "x", "    return (x * x).sum()", &[DType::F32]), vec![]),
+    ];
+    for (op, inputs) in cases {
+        if inputs.is_empty() {
+            continue; // the f32 case is checked with a looser tolerance below
+        }
+        check_grad(&op, &inputs);
+    }
+    // f32 values: gradients come back in f32, checked against f64 differences loosely.
+    let op = body("f32_body", "x", "    return (x * x).sum()", &[DType::F32]);
+    let xv = Var::new(&[1.5f32, -2.0], &Device::Cpu).unwrap();
+    let out = op.call(&[Arg::from(xv.as_tensor())]).unwrap().remove(0);
+    let g = out.backward().unwrap();
+    assert_eq!(g.get(&xv).unwrap().to_vec1::<f32>().unwrap(), [3.0, -4.0]);
+}
+
+#[test]
+fn seed_example_gradient() {
+    #[py_op(code = r#"
+import pyop
+def log_huber(x, m):
+    if abs(x) <= m:
+        return x**2
+    else:
+        return m**2 * (1 - 2 * pyop.log(m) + pyop.log(x**2))
+"#, tout = f32)]
+    fn log_huber(x: &Tensor, m: &Tensor) -> pyop::Result<Tensor>;
+
+    let x = Var::new(1.0f32, &Device::Cpu).unwrap();
+    let m = Var::new(2.0f32, &Device::Cpu).unwrap();
+    let y = log_huber(&x, &m).unwrap();
+    let grads = y.backward().unwrap();
+    assert_eq!(y.to_scalar::<f32>().unwrap(), 1.0);
+    assert_eq!(grads.get(&x).unwrap().to_scalar::<f32>().unwrap(), 2.0);
+}
+
+#[test]
+fn untracked_inputs_stay_untracked() {
+    let op = body("plain", "x", "    return x * 2", &[DType::F64]);
+    let out = op.call(&[Arg::from(&x())]).unwrap().remove(0);
+    assert!(!out.track_op(), "no graph without tracked inputs");
+}
+
+// --- errors ---
+
+#[test]
+fn errors_in_tensor_methods_reach_rust_with_traceback() {
+    let op = PyOp::builder("bad_shapes")
+        .code("import pyop\n\ndef helper(a, b):\n    return a + b\n\ndef bad_shapes(x):\n    return helper(x, x.reshape(3, 2))\n")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let err = op.call(&[Arg::from(&x())]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let text = err.to_string();
+    assert!(text.contains("ValueError"), "{text}");
+    assert!(text.contains("shape mismatch"), "candle's message: {text}");
+    assert!(text.contains("line 4, in helper"), "{text}");
+    assert!(text.contains("line 7, in bad_shapes"), "{text}");
+    let tb = err.traceback().unwrap();
+    assert!(tb.contains("return a + b"), "{tb}");
+}
+
+#[test]
+fn outputs_follow_the_rule_table_in_tensor_mode_too() {
+    let err = expr_op("x.to_dtype('f32')", DType::F64)
+        .call(&[Arg::from(&x()), Arg::from(&y())])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        err.to_string()
+            .contains("output 0: expected dtype f64, got a pyop.Tensor of dtype f32"),
+        "{err}"
+    );
+    let got = expr_op("[[1, 2], [3, 4]]", DType::F64)
+        .call(&[Arg::from(&x()), Arg::from(&y())])
+        .unwrap();
+    assert_eq!(got[0].to_vec2::<f64>().unwrap(), [[1., 2.], [3., 4.]]);
+}
