@@ -466,6 +466,10 @@ impl Node {
         let entries: Vec<Bound<'_, PyAny>> = match (tensor_args.as_slice(), seq(returned)) {
             ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
             ([Arg::Tensor(_)], _) => vec![returned.clone()],
+            // A single list argument: its tuple of entries, bare or as the only entry.
+            ([Arg::Tensors(ts)], Some(items)) if items.len() == ts.len() && ts.len() != 1 => {
+                vec![returned.clone()]
+            }
             (_, Some(items)) if items.len() == tensor_args.len() => items,
             (_, Some(items)) => {
                 return Err(mismatch(

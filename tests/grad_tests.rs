@@ -1,0 +1,360 @@
+//! Registered gradients and any-arity ops in candle's autograd, checked with `pyop::gradcheck`.
+
+use pyop::candle::{DType, Device, Storage, Tensor, Var};
+use pyop::{gradcheck, py_op, Arg, ErrorKind, GradCheck, GradientCall, OutSpec, PyOp};
+
+fn cpu() -> Device {
+    Device::Cpu
+}
+
+fn f64s(v: &[f64]) -> Tensor {
+    Tensor::new(v, &cpu()).unwrap()
+}
+
+#[py_op(file = "tests/py/special.py", numpy, tout = f64, grad = "erfcx_grad")]
+fn erfcx(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn one_in_one_out_python_gradient() {
+    let x = f64s(&[-1.5, -0.2, 0.0, 0.7, 2.5]);
+    let report = gradcheck(|xs| Ok(vec![erfcx(&xs[0])?]), &[x], GradCheck::default()).unwrap();
+    assert!(report.max_abs_error[0] < 1e-7, "{report:?}");
+    // erfcx(0) = 1 exactly; d/dx at 0 = -2/sqrt(pi).
+    let v = Var::new(&[0.0f64], &cpu()).unwrap();
+    let y = erfcx(v.as_tensor()).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [1.0]);
+    let g = y
+        .backward()
+        .unwrap()
+        .get(&v)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    assert!((g[0] + 2.0 / std::f64::consts::PI.sqrt()).abs() < 1e-15);
+}
+
+#[py_op(file = "tests/py/special.py", numpy, tout = (f64, f32, i64), grad = "four_in_three_out_grad")]
+fn four_in_three_out(
+    a: &Tensor,
+    b: &Tensor,
+    n: &Tensor,
+    d: &Tensor,
+) -> pyop::Result<(Tensor, Tensor, Tensor)>;
+
+fn mixed_inputs() -> Vec<Tensor> {
+    vec![
+        f64s(&[0.5, -1.0, 2.0]),
+        Tensor::new(&[1.5f32, 0.25, -2.0], &cpu()).unwrap(),
+        Tensor::new(&[1i64, 2, 3], &cpu()).unwrap(),
+        f64s(&[0.1, 0.2, -0.3]),
+    ]
+}
+
+#[test]
+fn four_in_three_out_with_mixed_dtypes() {
+    let f = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
+        let (y0, y1, y2) = four_in_three_out(&xs[0], &xs[1], &xs[2], &xs[3])?;
+        assert_eq!(
+            (y0.dtype(), y1.dtype(), y2.dtype()),
+            (DType::F64, DType::F32, DType::I64)
+        );
+        assert!(!y2.track_op(), "integer outputs are not tracked");
+        Ok(vec![y0, y1, y2])
+    };
+    // The f32 input limits the precision of the differences.
+    let tol = GradCheck {
+        eps: 1e-3,
+        atol: 2e-3,
+        rtol: 1e-3,
+    };
+    gradcheck(f, &mixed_inputs(), tol).unwrap();
+    // Gradients come back in each input's own dtype; the integer input gets none.
+    let vars: Vec<Var> = mixed_inputs()
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let (y0, y1, _) = four_in_three_out(&vars[0], &vars[1], &vars[2], &vars[3]).unwrap();
+    let grads = (y0.sum_all().unwrap() + y1.to_dtype(DType::F64).unwrap().sum_all().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(grads.get(&vars[0]).unwrap().dtype(), DType::F64);
+    assert_eq!(grads.get(&vars[1]).unwrap().dtype(), DType::F32);
+    assert!(grads.get(&vars[2]).is_none());
+    assert_eq!(
+        grads.get(&vars[1]).unwrap().to_vec1::<f32>().unwrap(),
+        [3.5, 2.0, 5.0]
+    );
+}
+
+#[test]
+fn a_loss_using_only_some_outputs() {
+    let only_second = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
+        Ok(vec![four_in_three_out(&xs[0], &xs[1], &xs[2], &xs[3])?.1])
+    };
+    let tol = GradCheck {
+        eps: 1e-3,
+        atol: 2e-3,
+        rtol: 1e-3,
+    };
+    gradcheck(only_second, &mixed_inputs(), tol).unwrap();
+    let only_first = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
+        Ok(vec![four_in_three_out(&xs[0], &xs[1], &xs[2], &xs[3])?.0])
+    };
+    gradcheck(only_first, &mixed_inputs(), tol).unwrap();
+}
+
+#[py_op(code = "def mul(x, y):\n    return x * y\ndef mul_grad(inputs, outputs, grads):\n    (x, y), (g,) = inputs, grads\n    return g * y, g * x", numpy, tout = f64, grad = "mul_grad")]
+fn mul(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn the_same_input_passed_twice() {
+    let x = f64s(&[1.5, -2.0, 0.25]);
+    gradcheck(
+        |xs| Ok(vec![mul(&xs[0], &xs[0])?]),
+        &[x],
+        GradCheck::default(),
+    )
+    .unwrap();
+    let v = Var::new(&[3.0f64], &cpu()).unwrap();
+    let g = mul(&v, &v).unwrap().backward().unwrap();
+    assert_eq!(g.get(&v).unwrap().to_vec1::<f64>().unwrap(), [6.0]);
+}
+
+#[py_op(file = "tests/py/special.py", numpy, tout = f64, grad = "weighted_grad")]
+fn weighted(xs: &[Tensor], w: f64) -> pyop::Result<Tensor>;
+
+#[test]
+fn list_arguments_take_a_tuple_of_gradients() {
+    let inputs = vec![f64s(&[1.0, 2.0]), f64s(&[3.0, -1.0]), f64s(&[0.5, 0.5])];
+    let report = gradcheck(
+        |xs| Ok(vec![weighted(xs, 2.5)?]),
+        &inputs,
+        GradCheck::default(),
+    )
+    .unwrap();
+    assert_eq!(report.max_abs_error.len(), 3);
+}
+
+/// d(a·b·c·d)/d… written in candle.
+fn product_grad(call: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
+    let ts: Vec<&Tensor> = call
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Tensor(t) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(call.outputs.len(), 3);
+    let g = &call.grads;
+    let mut out = Vec::new();
+    for i in 0..4 {
+        let mut others: Option<Tensor> = None;
+        for (j, t) in ts.iter().enumerate() {
+            if j != i {
+                others = Some(match others {
+                    None => (*t).clone(),
+                    Some(o) => (o * *t)?,
+                });
+            }
+        }
+        let others = others.unwrap();
+        // outputs: p, 2p, p + a  → dL/dx_i = (g0 + 2 g1 + g2) ∂p/∂x_i + [i == 0] g2
+        let mut gi = ((&g[0] + (&g[1] * 2.0)?)? + &g[2])?.mul(&others)?;
+        if i == 0 {
+            gi = (gi + &g[2])?;
+        }
+        out.push(Some(gi));
+    }
+    Ok(out)
+}
+
+#[py_op(code = "def product(a, b, c, d):\n    p = a * b * c * d\n    return p, 2 * p, p + a", numpy, tout = (f32, f32, f32), grad = product_grad)]
+fn product(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    d: &Tensor,
+) -> pyop::Result<(Tensor, Tensor, Tensor)>;
+
+#[test]
+fn a_rust_gradient() {
+    let inputs: Vec<Tensor> = [[1.5f64, -0.5], [2.0, 0.25], [-1.0, 3.0], [0.5, 0.75]]
+        .iter()
+        .map(|v| {
+            Tensor::new(v, &cpu())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+        })
+        .collect();
+    let f = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
+        let (p, q, r) = product(&xs[0], &xs[1], &xs[2], &xs[3])?;
+        Ok(vec![p, q, r])
+    };
+    gradcheck(
+        f,
+        &inputs,
+        GradCheck {
+            eps: 1e-2,
+            atol: 1e-2,
+            rtol: 1e-2,
+        },
+    )
+    .unwrap();
+}
+
+fn panicking_grad(_: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
+    panic!("gradient exploded on purpose")
+}
+
+#[py_op(code = "def p(x):\n    return x", numpy, name = "p", tout = f64, grad = panicking_grad)]
+fn panics_in_backward(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_panicking_rust_gradient_is_an_error() {
+    let v = Var::new(&[1.0f64], &cpu()).unwrap();
+    let err = panics_in_backward(&v).unwrap().backward().unwrap_err();
+    let err = pyop::Error::from(err);
+    assert_eq!(err.kind(), ErrorKind::Panic);
+    assert!(
+        err.to_string().contains("gradient exploded on purpose"),
+        "{err}"
+    );
+    // The executor keeps working.
+    let g = panics_in_backward(&v).unwrap();
+    assert_eq!(g.to_vec1::<f64>().unwrap(), [1.0]);
+}
+
+#[py_op(code = r#"
+import pyop
+def hard_clip(x):
+    return x.clamp(-1, 1)
+def straight_through(inputs, outputs, grads):
+    return grads[0]
+"#, tout = f64, grad = "straight_through")]
+fn hard_clip(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_tensor_mode_gradient_overrides_autograd() {
+    let v = Var::new(&[-3.0f64, 0.5, 2.0], &cpu()).unwrap();
+    let y = hard_clip(&v).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [-1.0, 0.5, 1.0]);
+    let g = y.sum_all().unwrap().backward().unwrap();
+    // autograd would give [0, 1, 0]; the registered straight-through gradient gives ones.
+    assert_eq!(
+        g.get(&v).unwrap().to_vec1::<f64>().unwrap(),
+        [1.0, 1.0, 1.0]
+    );
+}
+
+#[py_op(code = "def no_grad(x):\n    return x * 2", numpy, tout = f64)]
+fn no_grad(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_numpy_op_without_gradient_fails_in_backward() {
+    let v = Var::new(&[1.0f64, 2.0], &cpu()).unwrap();
+    let y = no_grad(&v).unwrap(); // forward is fine
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [2.0, 4.0]);
+    let err = pyop::Error::from(y.sum_all().unwrap().backward().unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::NoGradient);
+    assert_eq!(err.op(), Some("no_grad"));
+    assert!(
+        err.to_string()
+            .contains("declare one with `grad = \"python_function\"`"),
+        "{err}"
+    );
+}
+
+fn storage_ptr(t: &Tensor) -> usize {
+    let (s, _) = t.storage_and_layout();
+    match &*s {
+        Storage::Cpu(pyop::candle::CpuStorage::F64(v)) => v.as_ptr() as usize,
+        _ => panic!("f64 cpu"),
+    }
+}
+
+#[test]
+fn nothing_extra_without_tracked_inputs() {
+    #[py_op(code = "def same(x):\n    return x\ndef same_grad(i, o, g):\n    return g[0]", numpy, tout = f64, grad = "same_grad")]
+    fn same(x: &Tensor) -> pyop::Result<Tensor>;
+    let x = f64s(&[1.0, 2.0, 3.0]);
+    let y = same(&x).unwrap();
+    assert!(!y.track_op(), "no graph node");
+    assert_eq!(storage_ptr(&y), storage_ptr(&x), "no copy");
+    let v = Var::from_tensor(&x).unwrap();
+    let y = same(&v).unwrap();
+    assert!(y.track_op(), "a tracked input gets a node");
+}
+
+#[py_op(file = "tests/py/special.py", numpy, tout = f64, grad = "wrong_shape_grad")]
+fn wrong_shape(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/special.py", numpy, tout = f64, grad = "wrong_count_grad")]
+fn wrong_count(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn gradient_results_are_checked() {
+    let v = Var::new(&[1.0f64, 2.0], &cpu()).unwrap();
+    let err = pyop::Error::from(
+        wrong_shape(&v)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap_err(),
+    );
+    assert_eq!(err.kind(), ErrorKind::GradientMismatch);
+    assert_eq!(err.op(), Some("wrong_shape"));
+    assert!(
+        err.to_string()
+            .contains("gradient 0: expected shape f64[2], got shape [3]"),
+        "{err}"
+    );
+    let err = pyop::Error::from(
+        wrong_count(&v, &v)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap_err(),
+    );
+    assert_eq!(err.kind(), ErrorKind::GradientMismatch);
+    assert!(
+        err.to_string()
+            .contains("expected 2 gradients (one per tensor argument), got 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gradcheck_catches_a_wrong_gradient() {
+    let op = PyOp::builder("bad")
+        .code("def bad(x):\n    return x * x\ndef bad_grad(i, o, g):\n    return g[0] * i[0]")
+        .numpy()
+        .tout([OutSpec::new(DType::F64)])
+        .gradient("bad_grad")
+        .build()
+        .unwrap();
+    let err = gradcheck(
+        |xs| op.call(&[Arg::from(&xs[0])]),
+        &[f64s(&[1.0, 2.0])],
+        GradCheck::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::GradientMismatch);
+    // The loss weights each output element, so the two numbers differ by the factor 2 the wrong
+    // gradient lost.
+    let text = err.to_string();
+    assert!(
+        text.contains("input 0, element 0: analytic gradient"),
+        "{text}"
+    );
+    let nums: Vec<f64> = text
+        .split(' ')
+        .filter_map(|w| w.trim_end_matches(',').parse().ok())
+        .collect();
+    let (analytic, numeric) = (nums[nums.len() - 2], nums[nums.len() - 1]);
+    assert!((numeric / analytic - 2.0).abs() < 1e-6, "{text}");
+}
