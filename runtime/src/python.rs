@@ -96,6 +96,17 @@ pub fn python_env() -> Result<PythonEnv> {
 /// current folder or one of its parents; an embedded interpreter honours none of these by itself.
 fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
     let sys = py.import("sys")?;
+    // Rust's stdout is line-buffered; Python's is block-buffered when not a terminal. Line
+    // buffering on both keeps their output in order, line by line, when both print.
+    for stream in ["stdout", "stderr"] {
+        if let Ok(s) = sys.getattr(stream) {
+            if s.hasattr("reconfigure").unwrap_or(false) {
+                let kwargs = pyo3::types::PyDict::new(py);
+                kwargs.set_item("line_buffering", true)?;
+                let _ = s.call_method("reconfigure", (), Some(&kwargs));
+            }
+        }
+    }
     let version: String = sys.getattr("version")?.extract()?;
     let (major, minor): (u32, u32) = sys
         .getattr("version_info")?

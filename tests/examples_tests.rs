@@ -1,0 +1,77 @@
+//! Runs the examples (built by `cargo test` alongside the tests) and checks what they print.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn example(name: &str) -> String {
+    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let dir: PathBuf = exe.parent().unwrap().parent().unwrap().join("examples");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run the tests with `cargo test --all-targets` (scripts/dev.sh test)",
+        path.display()
+    );
+    let out = Command::new(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn log_huber_prints_the_seed_values() {
+    let out = example("log_huber");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["y = 1", "dy/dx = 2"], "{out}");
+    assert_eq!(
+        lines[2..],
+        ["y = 7.243721", "dy/dx = 2.6666667", "dy/dm = 3.243721"],
+        "{out}"
+    );
+}
+
+#[test]
+fn train_lowers_the_loss() {
+    let out = example("train");
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("step ")?
+                .split(" loss ")
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(losses.len() >= 5, "{out}");
+    assert!(
+        losses.last().unwrap() < &(losses[0] * 0.5),
+        "the loss falls: {losses:?}"
+    );
+    assert!(out.contains("learned w = 2.9"), "{out}");
+}
+
+#[test]
+fn numpy_ops_prints_in_order() {
+    let out = example("numpy_ops");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "x = [1.0, 2.0, 4.0, 9.0]");
+    assert_eq!(
+        lines[3],
+        "divmod([7, -7, 9], [2, 2, 4]) = ([3, -4, 2], [1, 1, 1])"
+    );
+    // Python's print lands between Rust's, in order, though stdout is a pipe here.
+    assert_eq!(
+        lines[5], "log_stats: tag=x sum=16.0 (printed by Python)",
+        "{out}"
+    );
+    assert!(
+        lines[6].starts_with("rows3(arange(4)) fails: InvalidArgument: op `rows3`"),
+        "{out}"
+    );
+}
