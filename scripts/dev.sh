@@ -29,6 +29,7 @@ case "${1:-}" in
     ;;
   test)
     cargo fmt --all -- --check
+    cargo build --examples            # tests/examples_tests.rs runs them
     cargo test --workspace --all-targets
     cargo test --workspace --doc
     cargo clippy --workspace --all-targets -- -D warnings

@@ -10,7 +10,7 @@ fn example(name: &str) -> String {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is not built: run the tests with `cargo test --all-targets` (scripts/dev.sh test)",
+        "{} is not built: `cargo build --examples` first (scripts/dev.sh test does)",
         path.display()
     );
     let out = Command::new(&path).output().unwrap();

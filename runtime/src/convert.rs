@@ -205,7 +205,7 @@ fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>>
     let size = t.dtype().size_in_bytes() as isize;
     let dims: Vec<npy_intp> = t.dims().iter().map(|&d| d as npy_intp).collect();
     let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
-    let base = Bound::new(py, PyTensor::new(t.clone()))?;
+    let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data))?;
     // SAFETY: `data` points into the CPU storage of `t`, which the base object keeps alive; a
     // candle storage's buffer is never reallocated. The flags leave the array read-only, so
     // Python cannot write to memory candle believes immutable. `SetBaseObject` steals `base`.
@@ -280,8 +280,6 @@ pub(crate) struct OutputCheck<'a> {
     pub device: &'a Device,
     /// "output" for a body's results, "gradient" for a gradient function's.
     pub what: &'a str,
-    /// Inputs whose own NumPy views may come back as outputs without a copy.
-    pub inputs: &'a [Prepared],
 }
 
 impl OutputCheck<'_> {
@@ -393,7 +391,7 @@ pub(crate) fn value_to_tensor(
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
     let what = check.what;
-    let tensor = match to_tensor(py, value, Some(spec.dtype), check.inputs) {
+    let tensor = match to_tensor(py, value, Some(spec.dtype)) {
         Ok(Some(t)) => t,
         Ok(None) => {
             return Err(check.error(
@@ -427,7 +425,6 @@ pub(crate) fn to_tensor(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
     dtype: Option<DType>,
-    inputs: &[Prepared],
 ) -> std::result::Result<Option<Tensor>, String> {
     if let Ok(t) = value.cast::<PyTensor>() {
         let t = t.get().tensor().clone();
@@ -449,7 +446,7 @@ pub(crate) fn to_tensor(
         if let Some(array) =
             as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))?
         {
-            return array_to_tensor(py, dtype, &array, inputs).map(Some);
+            return array_to_tensor(py, dtype, &array).map(Some);
         }
     }
     let is_number =
@@ -525,7 +522,6 @@ fn array_to_tensor(
     py: Python<'_>,
     dtype: Option<DType>,
     array: &Bound<'_, PyUntypedArray>,
-    inputs: &[Prepared],
 ) -> std::result::Result<Tensor, String> {
     let descr = array.dtype();
     let dtype = match (candle_dtype(&descr), dtype) {
@@ -551,9 +547,10 @@ fn array_to_tensor(
         }
     };
     let dims = array.shape().to_vec();
-    // An input's own view, handed back unchanged: share the input's storage, as Tensor::clone does.
-    if let Some(input) = returned_input(array, inputs) {
-        return Ok(input.tensor.clone());
+    // A tensor's own view (an input's, or one a Rust function returned), handed back unchanged:
+    // share that tensor's storage, as Tensor::clone does.
+    if let Some(t) = own_view(array) {
+        return Ok(t);
     }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
     // (Fortran-ordered, strided) array is made contiguous by NumPy first.
@@ -598,14 +595,8 @@ fn array_to_tensor(
     t.map_err(|e| e.to_string())
 }
 
-/// The input whose NumPy view `array` is, if the body returned one of them unchanged.
-fn returned_input<'a>(
-    array: &Bound<'_, PyUntypedArray>,
-    inputs: &'a [Prepared],
-) -> Option<&'a Prepared> {
-    if inputs.is_empty() {
-        return None;
-    }
+/// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
+fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
     // SAFETY: reading the fields of a live array object.
     let (data, base) = unsafe {
         let a = &*array.as_array_ptr();
@@ -615,18 +606,16 @@ fn returned_input<'a>(
         return None;
     }
     let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
-    let base = base.cast::<PyTensor>().ok()?;
-    let owner = base.get().tensor();
-    inputs.iter().find(|p| {
-        p.data == data
-            && p.tensor.id() == owner.id()
-            && p.tensor.dims() == array.shape()
-            && p.tensor
-                .stride()
-                .iter()
-                .zip(array.strides())
-                .all(|(&s, &b)| (s * p.tensor.dtype().size_in_bytes()) as isize == b)
-    })
+    let owner = base.cast::<PyTensor>().ok()?.get();
+    let t = owner.tensor();
+    let size = t.dtype().size_in_bytes() as isize;
+    let same = owner.view_data() == Some(data)
+        && t.dims() == array.shape()
+        && t.stride()
+            .iter()
+            .zip(array.strides())
+            .all(|(&s, &b)| s as isize * size == b);
+    same.then(|| t.clone())
 }
 
 /// Walks a (nested) list of numbers, checking it is rectangular.

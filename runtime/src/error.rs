@@ -183,6 +183,15 @@ impl Error {
         self
     }
 
+    /// Names the op, if the error was made before the op was known.
+    pub(crate) fn with_op_if_empty(self, name: &str) -> Self {
+        if self.op().is_some_and(str::is_empty) {
+            self.with_op(name)
+        } else {
+            self
+        }
+    }
+
     /// Replaces the op name of an error that was made before the op was known.
     pub(crate) fn with_op(mut self, name: &str) -> Self {
         match &mut self {

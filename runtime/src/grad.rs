@@ -526,7 +526,6 @@ impl Node {
                         tout: std::slice::from_ref(&spec),
                         device,
                         what: "gradient",
-                        inputs: &[],
                     };
                     out.push(Some(convert::value_to_tensor(
                         py, &check, flat_index, &spec, &item,

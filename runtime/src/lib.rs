@@ -5,6 +5,7 @@
 mod convert;
 mod decl;
 mod error;
+mod expose;
 mod grad;
 mod op;
 mod python;
@@ -17,6 +18,7 @@ mod timeout;
 pub use convert::Arg;
 pub use decl::{registered_ops, GradDecl, OpDecl, Registration, SourceDecl, StaticOp};
 pub use error::{Error, ErrorKind, Result};
+pub use expose::{expose, Value};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
 pub use op::{CallOptions, OpBuilder, PyOp};
 pub use python::{python_env, PythonEnv};

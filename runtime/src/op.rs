@@ -148,7 +148,6 @@ impl PyOp {
                 tout: &op.tout,
                 device: &device,
                 what: "output",
-                inputs: &prepared,
             };
             convert::outputs_from_python(py, &check, &returned)
         });

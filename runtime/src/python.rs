@@ -210,12 +210,10 @@ pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
 
 /// Turns a Python exception into an [`Error`], keeping its kind, message and traceback.
 pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
-    // An exception that carries a pyop error (raised by Rust code called from the body, or a
-    // nested op) gives that error back unchanged.
-    if let Some(inner) = crate::tensor::take_rust_error(py, &err) {
-        return inner;
-    }
-    let kind = if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
+    // An error from Rust code the body called (an exposed function, a nested op) keeps its kind.
+    let kind = if let Some(kind) = crate::tensor::rust_error_kind(py, &err) {
+        kind
+    } else if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
         ErrorKind::InvalidArgument
     } else if err.is_instance_of::<PyStopIteration>(py) {
         ErrorKind::OutOfRange

@@ -68,12 +68,29 @@ fn current_device() -> Device {
 #[pyclass(name = "Tensor", module = "pyop", frozen)]
 pub struct PyTensor {
     tensor: Tensor,
+    /// For the base object of a NumPy view: the address the view starts at.
+    view_data: usize,
 }
 
 impl PyTensor {
     /// Wraps a tensor for Python (e.g. to return it from a Rust function called by a body).
     pub fn new(tensor: Tensor) -> Self {
-        Self { tensor }
+        Self {
+            tensor,
+            view_data: 0,
+        }
+    }
+
+    /// The base object of a NumPy view of `tensor` starting at address `data`.
+    pub(crate) fn view_base(tensor: Tensor, data: usize) -> Self {
+        Self {
+            tensor,
+            view_data: data,
+        }
+    }
+
+    pub(crate) fn view_data(&self) -> Option<usize> {
+        (self.view_data != 0).then_some(self.view_data)
     }
 
     /// The wrapped tensor.
@@ -241,7 +258,7 @@ impl PyTensor {
             }
             return Ok(Some(o.clone()));
         }
-        match convert::to_tensor(py, other, Some(self.tensor.dtype()), &[]) {
+        match convert::to_tensor(py, other, Some(self.tensor.dtype())) {
             Ok(Some(t)) => Ok(Some(
                 t.to_device(self.tensor.device()).map_err(value_error)?,
             )),
@@ -1014,7 +1031,7 @@ fn tensor(
     }
     // NumPy arrays keep their own dtype, then convert (a requested dtype is a conversion here, not
     // a check as for outputs).
-    let t = match convert::to_tensor(py, obj, None, &[]) {
+    let t = match convert::to_tensor(py, obj, None) {
         Ok(Some(t)) => t,
         Ok(None) => {
             return Err(PyTypeError::new_err(format!(
@@ -1029,7 +1046,7 @@ fn tensor(
             if obj.cast::<numpy::PyUntypedArray>().is_ok() {
                 t.to_dtype(d).map_err(value_error)?
             } else {
-                match convert::to_tensor(py, obj, Some(d), &[]) {
+                match convert::to_tensor(py, obj, Some(d)) {
                     Ok(Some(t)) => t,
                     Ok(None) => unreachable!("converted above"),
                     Err(msg) => return Err(PyValueError::new_err(msg)),
@@ -1228,31 +1245,29 @@ fn where_(
 
 // --- errors between Rust and Python ---
 
-/// Carries a pyop [`Error`] through a Python exception raised by Rust code.
+/// The kind of the pyop error a `pyop.RustError` carries.
 #[pyclass(frozen)]
-struct ErrorBox(std::sync::Mutex<Option<Error>>);
+struct ErrorKindBox(crate::error::ErrorKind);
 
-/// A Python exception (`pyop.RustError`) carrying `err`, for Rust code called from a body: the
-/// op whose body it crosses reports the error with its kind kept.
+/// A Python exception (`pyop.RustError`) carrying `err`, for Rust code called from a body: an op
+/// whose body lets it pass reports it with its kind kept and the body's traceback added.
 pub fn error_to_python(err: Error) -> PyErr {
     Python::attach(|py| {
         let e = RustError::new_err(err.to_string());
-        if let Ok(b) = Bound::new(py, ErrorBox(std::sync::Mutex::new(Some(err)))) {
-            let _ = e.value(py).setattr("_pyop_error", b);
+        if let Ok(b) = Bound::new(py, ErrorKindBox(err.kind())) {
+            let _ = e.value(py).setattr("_pyop_kind", b);
         }
         e
     })
 }
 
-/// The pyop error inside a `pyop.RustError`, if `err` is one.
-pub(crate) fn take_rust_error(py: Python<'_>, err: &PyErr) -> Option<Error> {
+/// The kind of the pyop error inside a `pyop.RustError`, if `err` is one.
+pub(crate) fn rust_error_kind(py: Python<'_>, err: &PyErr) -> Option<crate::error::ErrorKind> {
     if !err.is_instance_of::<RustError>(py) {
         return None;
     }
-    let boxed = err.value(py).getattr("_pyop_error").ok()?;
-    let boxed = boxed.cast::<ErrorBox>().ok()?;
-    let inner = boxed.get().0.lock().ok()?.take()?;
-    Some(inner)
+    let boxed = err.value(py).getattr("_pyop_kind").ok()?;
+    Some(boxed.cast::<ErrorKindBox>().ok()?.get().0)
 }
 
 pub(crate) fn is_timeout(py: Python<'_>, err: &PyErr) -> bool {
@@ -1322,6 +1337,14 @@ pub(crate) fn register_module(py: Python<'_>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(where_, &m)?)?;
     let glue = std::ffi::CString::new(MODULE_GLUE).expect("no NUL");
     py.run(&glue, Some(&m.dict()), None)?;
-    py.import("sys")?.getattr("modules")?.set_item("pyop", m)?;
+    let rust = PyModule::new(py, "pyop.rust")?;
+    rust.setattr(
+        "__doc__",
+        "Rust functions exposed to bodies with pyop::expose.",
+    )?;
+    m.add("rust", &rust)?;
+    let modules = py.import("sys")?.getattr("modules")?;
+    modules.set_item("pyop.rust", rust)?;
+    modules.set_item("pyop", m)?;
     Ok(())
 }

@@ -1,0 +1,207 @@
+//! Rust functions that bodies can call: `pyop.rust.<name>(...)`.
+//!
+//! A body calls back into Rust through a function registered with [`expose`]. The function runs
+//! with the GIL released (it may do candle work, call other ops, block), a panic in it becomes an
+//! error of kind [`ErrorKind::Panic`](crate::ErrorKind::Panic), and an error it returns is raised
+//! in the body as `pyop.RustError` — which, if the body lets it pass, the calling op reports with
+//! its kind kept and the body's traceback added.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::grad::panic_message;
+use crate::python::with_gil;
+use crate::tensor::{error_to_python, PyTensor};
+
+/// A value passed between a body and an exposed Rust function.
+#[derive(Clone, Debug)]
+pub enum Value {
+    None,
+    Bool(bool),
+    I64(i64),
+    F64(f64),
+    Str(String),
+    /// A `pyop.Tensor`, or a NumPy array (an input's own view is the input itself; any other
+    /// array is copied).
+    Tensor(Tensor),
+    /// A Python list or tuple.
+    List(Vec<Value>),
+}
+
+impl Value {
+    /// The tensor, or an error naming what was passed instead.
+    pub fn tensor(&self) -> Result<&Tensor> {
+        match self {
+            Value::Tensor(t) => Ok(t),
+            other => Err(wrong("a tensor", other)),
+        }
+    }
+
+    /// The number as f64 (ints and bools convert).
+    pub fn f64(&self) -> Result<f64> {
+        match self {
+            Value::F64(v) => Ok(*v),
+            Value::I64(v) => Ok(*v as f64),
+            Value::Bool(v) => Ok(*v as u8 as f64),
+            other => Err(wrong("a number", other)),
+        }
+    }
+
+    /// The integer.
+    pub fn i64(&self) -> Result<i64> {
+        match self {
+            Value::I64(v) => Ok(*v),
+            Value::Bool(v) => Ok(*v as i64),
+            other => Err(wrong("an int", other)),
+        }
+    }
+
+    /// The string.
+    pub fn str(&self) -> Result<&str> {
+        match self {
+            Value::Str(s) => Ok(s),
+            other => Err(wrong("a str", other)),
+        }
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Self {
+        Value::Tensor(t)
+    }
+}
+
+fn wrong(what: &str, got: &Value) -> Error {
+    Error::op_failure(
+        "",
+        ErrorKind::InvalidArgument,
+        format!("expected {what}, got {got:?}"),
+    )
+}
+
+type RustFn = dyn Fn(Vec<Value>) -> Result<Value> + Send + Sync;
+
+/// An exposed Rust function as Python sees it.
+#[pyclass(frozen, name = "RustFunction", module = "pyop")]
+struct RustFunction {
+    name: String,
+    f: Arc<RustFn>,
+}
+
+#[pymethods]
+impl RustFunction {
+    #[pyo3(signature = (*args))]
+    fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+        let values = args
+            .iter()
+            .map(|a| from_python(py, &a))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (f, name) = (self.f.clone(), self.name.clone());
+        let result = py.detach(move || {
+            catch_unwind(AssertUnwindSafe(|| f(values))).unwrap_or_else(|panic| {
+                Err(Error::op_failure(
+                    &name,
+                    ErrorKind::Panic,
+                    format!(
+                        "the Rust function `{name}` panicked: {}",
+                        panic_message(&*panic)
+                    ),
+                ))
+            })
+        });
+        match result {
+            Ok(v) => to_python(py, v).map(Bound::unbind),
+            Err(e) => Err(error_to_python(e.with_op_if_empty(&self.name))),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<pyop Rust function {}>", self.name)
+    }
+}
+
+fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if v.is_none() {
+        return Ok(Value::None);
+    }
+    if let Ok(t) = v.cast::<PyTensor>() {
+        return Ok(Value::Tensor(t.get().tensor().clone()));
+    }
+    if v.is_instance_of::<PyBool>() {
+        return Ok(Value::Bool(v.extract()?));
+    }
+    if v.is_exact_instance_of::<PyInt>() {
+        return Ok(Value::I64(v.extract()?));
+    }
+    if v.is_exact_instance_of::<PyFloat>() {
+        return Ok(Value::F64(v.extract()?));
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(Value::Str(s.to_string()));
+    }
+    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        return v
+            .try_iter()?
+            .map(|x| from_python(py, &x?))
+            .collect::<PyResult<_>>()
+            .map(Value::List);
+    }
+    match crate::convert::to_tensor(py, v, None) {
+        Ok(Some(t)) => Ok(Value::Tensor(t)),
+        Ok(None) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "a Rust function takes tensors, arrays, numbers, str, None and lists of them, not {}",
+            crate::convert::describe_value(v)
+        ))),
+        Err(msg) => Err(pyo3::exceptions::PyValueError::new_err(msg)),
+    }
+}
+
+fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match v {
+        Value::None => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+        Value::I64(i) => PyInt::new(py, i).into_any(),
+        Value::F64(f) => PyFloat::new(py, f).into_any(),
+        Value::Str(s) => PyString::new(py, &s).into_any(),
+        Value::Tensor(t) => Bound::new(py, PyTensor::new(t))?.into_any(),
+        Value::List(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(to_python(py, item)?)?;
+            }
+            list.into_any()
+        }
+    })
+}
+
+/// Makes `f` callable from every body as `pyop.rust.<name>(...)`; registering a name again
+/// replaces the function.
+///
+/// ```no_run
+/// use pyop::{expose, Value};
+/// expose("double", |args| Ok(Value::from((args[0].tensor()? * 2.0)?)))?;
+/// // in a body:  y = pyop.rust.double(x)
+/// # Ok::<(), pyop::Error>(())
+/// ```
+pub fn expose<F>(name: &str, f: F) -> Result<()>
+where
+    F: Fn(Vec<Value>) -> Result<Value> + Send + Sync + 'static,
+{
+    let function = RustFunction {
+        name: name.to_owned(),
+        f: Arc::new(f),
+    };
+    with_gil("expose", |py| {
+        let run = || -> PyResult<()> {
+            let rust = py.import("pyop")?.getattr("rust")?;
+            rust.setattr(name, Bound::new(py, function)?)
+        };
+        run().map_err(|e| crate::python::python_error(py, "expose", e))
+    })
+    .map(|_| ())
+}

@@ -1,0 +1,428 @@
+//! The executor under load: deadlocks (each turned into a failure by a timeout), re-entrancy,
+//! panics, time limits, escaping views, many threads, leaks and bad input.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use pyop::candle::{DType, Device, Tensor, Var};
+use pyop::{expose, py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, Value};
+
+/// Runs `f` on its own thread; if it has not finished after `secs`, the whole test binary exits
+/// with a failure instead of hanging CI (a deadlocked thread may hold the GIL).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => {
+            eprintln!("DEADLOCK: {what} did not finish within {secs} s");
+            std::process::exit(101);
+        }
+        Err(RecvTimeoutError::Disconnected) => match handle.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => unreachable!("sent nothing yet returned"),
+        },
+    }
+}
+
+fn scalar(v: f32) -> Tensor {
+    Tensor::new(&[v], &Device::Cpu).unwrap()
+}
+
+// --- no deadlocks ---
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = f32)]
+fn put_and_wait(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = f32)]
+fn take(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn two_threads_rendezvous_through_a_python_queue() {
+    let got = within(60, "queue rendezvous", || {
+        let putter = std::thread::spawn(|| put_and_wait(&scalar(5.0)).unwrap());
+        let taker = std::thread::spawn(|| take(&scalar(1.0)).unwrap());
+        putter.join().unwrap();
+        taker.join().unwrap().to_vec1::<f32>().unwrap()
+    });
+    assert_eq!(got, [6.0]);
+}
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = f32)]
+fn wait_for_event(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = f32)]
+fn set_event(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def add_one(x):\n    return x + 1", numpy, tout = f32)]
+fn add_one(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn the_gil_is_never_held_outside_python() {
+    within(120, "event wait", || {
+        let waiter = std::thread::spawn(|| wait_for_event(&scalar(1.0)));
+        let worker = std::thread::spawn(|| {
+            // Candle work and other op calls while the first body waits in Python.
+            let m = Tensor::ones((128, 128), DType::F32, &Device::Cpu).unwrap();
+            let mut acc = m.clone();
+            for _ in 0..20 {
+                acc = (acc.matmul(&m).unwrap() / 128.0).unwrap();
+            }
+            let mut x = scalar(0.0);
+            for _ in 0..100 {
+                x = add_one(&x).unwrap();
+            }
+            assert_eq!(x.to_vec1::<f32>().unwrap(), [100.0]);
+            set_event(&scalar(0.0)).unwrap();
+            acc.sum_all().unwrap().to_scalar::<f32>().unwrap()
+        });
+        assert_eq!(worker.join().unwrap(), 128.0 * 128.0);
+        waiter.join().unwrap().unwrap();
+    });
+}
+
+#[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]
+fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+#[test]
+fn an_op_called_inside_python_attach() {
+    use pyop::pyo3::Python;
+    let y = within(30, "op inside attach", || {
+        Python::attach(|_py| scale(&scalar(2.0), 3.0).unwrap().to_vec1::<f32>().unwrap())
+    });
+    assert_eq!(y, [6.0]);
+}
+
+#[py_op(code = "import pyop\ndef outer(x):\n    return pyop.rust.nested_double(x) + 1", tout = f32)]
+fn outer(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def double(x):\n    return x * 2", numpy, tout = f32)]
+fn double(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_body_calls_rust_which_calls_another_op() {
+    expose("nested_double", |args| {
+        Ok(Value::from(double(args[0].tensor()?)?))
+    })
+    .unwrap();
+    let y = within(30, "re-entrant op", || {
+        outer(&scalar(4.0)).unwrap().to_vec1::<f32>().unwrap()
+    });
+    assert_eq!(y, [9.0]);
+}
+
+#[py_op(code = r#"
+import time
+import numpy as np
+def consistent(x):
+    a = x.copy()
+    time.sleep(0.0005)
+    b = x.copy()
+    return np.uint8(bool((a == a[0]).all() and (a == b).all()))
+"#, numpy, tout = u8)]
+fn consistent(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = r#"
+import pyop
+def consistent_nested(x):
+    first = x.max() - x.min()
+    passed_on = pyop.rust.check_consistent(x)   # the same input, into a second op
+    return pyop.tensor(int(first == 0) & int(passed_on), dtype="u8")
+"#, tout = u8)]
+fn consistent_nested(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn var_set_while_bodies_read(check: fn(&Tensor) -> pyop::Result<Tensor>) {
+    let n = 1 << 20;
+    let v = Var::from_tensor(&Tensor::zeros(n, DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let setter = {
+        let (v, done) = (v.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut k = 0f32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                k += 1.0;
+                v.set(&Tensor::full(k, n, &Device::Cpu).unwrap()).unwrap();
+            }
+            k
+        })
+    };
+    for _ in 0..40 {
+        let ok = check(v.as_tensor()).unwrap().to_scalar::<u8>().unwrap();
+        assert_eq!(ok, 1, "a body saw a mix of old and new values");
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(setter.join().unwrap() > 1.0, "the setter ran meanwhile");
+}
+
+#[test]
+fn var_set_during_a_body_is_seen_all_or_nothing() {
+    within(120, "Var::set during a body", || {
+        var_set_while_bodies_read(consistent)
+    });
+}
+
+#[test]
+fn var_set_while_the_body_passes_its_input_to_another_op() {
+    expose("check_consistent", |args| {
+        Ok(Value::I64(
+            consistent(args[0].tensor()?)?.to_scalar::<u8>()? as i64,
+        ))
+    })
+    .unwrap();
+    within(120, "Var::set during nested ops", || {
+        var_set_while_bodies_read(consistent_nested)
+    });
+}
+
+// --- panics, interrupts, time limits ---
+
+#[py_op(code = "import pyop\ndef calls_panicking(x):\n    return pyop.rust.panics(x)", tout = f32)]
+fn calls_panicking(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_panic_in_rust_called_from_a_body_is_an_error() {
+    expose("panics", |_| -> pyop::Result<Value> {
+        panic!("rust side exploded")
+    })
+    .unwrap();
+    let err = calls_panicking(&scalar(1.0)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Panic, "{err}");
+    assert_eq!(err.op(), Some("calls_panicking"));
+    let text = err.to_string();
+    assert!(
+        text.contains("the Rust function `panics` panicked: rust side exploded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("in calls_panicking"),
+        "with the body's traceback: {text}"
+    );
+    // The executor goes on working.
+    assert_eq!(
+        scale(&scalar(1.0), 2.0).unwrap().to_vec1::<f32>().unwrap(),
+        [2.0]
+    );
+}
+
+#[py_op(code = "def spin(x, forever):\n    while forever:\n        pass\n    return x", numpy, tout = f32, timeout_ms = 300)]
+fn spin(x: &Tensor, forever: bool) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_hung_body_is_interrupted_and_the_op_stays_usable() {
+    let started = Instant::now();
+    let err = within(60, "timeout", || spin(&scalar(1.0), true).unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(err.to_string().contains("time limit of 300ms"), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        spin(&scalar(2.0), false).unwrap().to_vec1::<f32>().unwrap(),
+        [2.0]
+    );
+    // A per-call limit through the run-time API.
+    let op = PyOp::builder("spin_rt")
+        .code("def spin_rt(x):\n    while True:\n        pass")
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = scalar(1.0);
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(100)),
+        ..Default::default()
+    };
+    let err = within(60, "per-call timeout", move || {
+        op.call_with(&[Arg::from(&x)], &options).unwrap_err()
+    });
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+}
+
+// --- views that escape ---
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = ())]
+fn keep(x: &Tensor) -> pyop::Result<()>;
+
+#[py_op(file = "tests/py/sync.py", numpy, tout = f32)]
+fn kept(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_view_stored_by_a_body_stays_valid_and_read_only() {
+    let t = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).unwrap();
+    keep(&t).unwrap();
+    drop(t); // the view's base keeps the storage alive
+    let v = kept(&scalar(0.0)).unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(v, [1., 2., 3., 0.], "values, then 0 = not writeable");
+    // A Var's view is of the call's snapshot: a later Var::set does not show through it.
+    let var = Var::new(&[4f32, 5., 6.], &Device::Cpu).unwrap();
+    keep(&var).unwrap();
+    var.set(&Tensor::new(&[7f32, 8., 9.], &Device::Cpu).unwrap())
+        .unwrap();
+    let v = kept(&scalar(0.0)).unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(v, [4., 5., 6., 0.]);
+}
+
+// --- load ---
+
+#[py_op(code = "def affine(x, a, b):\n    return x * a + b", numpy, tout = f64)]
+fn affine(x: &Tensor, a: f64, b: f64) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import numpy as np\ndef isum(x):\n    return np.int64(x.sum())", numpy, tout = i64)]
+fn isum(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def tsq(x, y):\n    return (x * y).sum(), x - y", tout = (f32, f32))]
+fn tsq(x: &Tensor, y: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+#[test]
+fn eight_threads_of_mixed_calls() {
+    within(300, "load", || {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for i in 0..2000i64 {
+                        let v = (t * 10_000 + i) as f64;
+                        match i % 3 {
+                            0 => {
+                                let x = Tensor::new(&[v, -v], &Device::Cpu).unwrap();
+                                let y = affine(&x, 2.0, 1.0).unwrap().to_vec1::<f64>().unwrap();
+                                assert_eq!(y, [2.0 * v + 1.0, -2.0 * v + 1.0]);
+                            }
+                            1 => {
+                                let x = Tensor::new(&[t, i, 7], &Device::Cpu).unwrap();
+                                assert_eq!(
+                                    isum(&x).unwrap().to_scalar::<i64>().unwrap(),
+                                    t + i + 7
+                                );
+                            }
+                            _ => {
+                                let x = Tensor::new(&[i as f32, 2.0], &Device::Cpu).unwrap();
+                                let y = Tensor::new(&[3f32, t as f32], &Device::Cpu).unwrap();
+                                let (s, d) = tsq(&x, &y).unwrap();
+                                assert_eq!(
+                                    s.to_scalar::<f32>().unwrap(),
+                                    3.0 * i as f32 + 2.0 * t as f32
+                                );
+                                assert_eq!(
+                                    d.to_vec1::<f32>().unwrap(),
+                                    [i as f32 - 3.0, 2.0 - t as f32]
+                                );
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+}
+
+// --- bad input, one table ---
+
+enum Expect {
+    Ok(fn(&[Tensor])),
+    Err(ErrorKind, &'static str),
+}
+
+#[test]
+fn bad_input_table() {
+    let f32_ = || vec![OutSpec::new(DType::F32)];
+    let numpy = |code: &str, tout: Vec<OutSpec>| {
+        PyOp::builder("t")
+            .code(format!("import numpy as np\n{code}"))
+            .function("f")
+            .numpy()
+            .tout(tout)
+            .build()
+    };
+    let tensor = |code: &str, tout: Vec<OutSpec>| {
+        PyOp::builder("t")
+            .code(format!("import pyop\n{code}"))
+            .function("f")
+            .tout(tout)
+            .build()
+    };
+    let specials = Tensor::new(
+        &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let empty = Tensor::zeros((2, 0), DType::F32, &Device::Cpu).unwrap();
+    let zero_d = Tensor::new(3.5f32, &Device::Cpu).unwrap();
+    let strided = Tensor::arange(0f32, 12., &Device::Cpu)
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap()
+        .t()
+        .unwrap();
+    let huge = Tensor::zeros(64 << 20, DType::F32, &Device::Cpu).unwrap(); // 256 MiB
+    let not_callable = {
+        use pyop::pyo3::prelude::*;
+        Python::attach(|py| 3i64.into_pyobject(py).unwrap().into_any().unbind())
+    };
+    #[rustfmt::skip]
+    let rows: Vec<(&str, pyop::Result<PyOp>, &Tensor, Expect)> = vec![
+        ("NaN and infinities pass through", numpy("def f(x): return x * 1", f32_()), &specials, Expect::Ok(|o| {
+            let v = o[0].to_vec1::<f32>().unwrap();
+            assert!(v[0].is_nan() && v[1] == f32::INFINITY && v[2] == f32::NEG_INFINITY && v[3].is_sign_negative());
+        })),
+        ("NaN through tensor mode", tensor("def f(x): return x + 0", f32_()), &specials, Expect::Ok(|o| {
+            assert!(o[0].to_vec1::<f32>().unwrap()[0].is_nan());
+        })),
+        ("empty tensors", numpy("def f(x): return x + 1", f32_()), &empty, Expect::Ok(|o| assert_eq!(o[0].dims(), [2, 0]))),
+        ("empty tensors, tensor mode", tensor("def f(x): return x.sum(1)", f32_()), &empty, Expect::Ok(|o| assert_eq!(o[0].to_vec1::<f32>().unwrap(), [0., 0.]))),
+        ("0-d scalars", numpy("def f(x):\n    assert x.shape == ()\n    return x * 2", f32_()), &zero_d, Expect::Ok(|o| assert_eq!(o[0].to_scalar::<f32>().unwrap(), 7.0))),
+        ("0-d scalars, tensor mode", tensor("def f(x): return x * 2", f32_()), &zero_d, Expect::Ok(|o| assert_eq!(o[0].to_scalar::<f32>().unwrap(), 7.0))),
+        ("non-contiguous input", numpy("def f(x): return np.ascontiguousarray(x)[0]", f32_()), &strided, Expect::Ok(|o| assert_eq!(o[0].to_vec1::<f32>().unwrap(), [0., 4., 8.]))),
+        ("256 MiB input, zero-copy both ways", numpy("def f(x): return x", f32_()), &huge, Expect::Ok(|o| assert_eq!(o[0].dims(), [64 << 20]))),
+        ("256 MiB input reduced", numpy("def f(x): return np.float32(x.sum())", f32_()), &huge, Expect::Ok(|o| assert_eq!(o[0].to_scalar::<f32>().unwrap(), 0.0))),
+        ("wrong count", numpy("def f(x): return x, x", f32_()), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "expected 1 output, got a tuple of 2 values")),
+        ("None for an output", numpy("def f(x): return None", f32_()), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "output 0: expected f32")),
+        ("a dict", numpy("def f(x): return {}", f32_()), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "got a value of type `dict`")),
+        ("wrong dtype", numpy("def f(x): return x.astype(np.int32)", f32_()), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "expected dtype f32, got a NumPy array of dtype int32")),
+        ("object array", numpy("def f(x): return np.array([None])", f32_()), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "object arrays are not tensors")),
+        ("wrong shape", numpy("def f(x): return x", vec![OutSpec::shaped(DType::F32, [Some(1)])]), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "expected shape f32[1], got shape []")),
+        ("a value for tout = ()", numpy("def f(x): return 1", vec![]), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "expects the body to return None")),
+        ("body not callable", PyOp::builder("t").callable(not_callable).tout(f32_()).build(), &zero_d, Expect::Err(ErrorKind::MissingFunction, "the body is not callable")),
+        ("missing function name", numpy("def g(x): return x", f32_()), &zero_d, Expect::Err(ErrorKind::MissingFunction, "has no function `f`")),
+        ("syntax error", numpy("def f(x):\n    return x +", f32_()), &zero_d, Expect::Err(ErrorKind::Source, "line 3)")),
+        ("module that fails to import", PyOp::builder("t").module("pyop_no_such_module").tout(f32_()).build(), &zero_d, Expect::Err(ErrorKind::Source, "No module named 'pyop_no_such_module'")),
+    ];
+    for (what, op, input, expect) in rows {
+        let result = op.and_then(|op| op.call(&[Arg::from(input)]));
+        match (expect, result) {
+            (Expect::Ok(check), Ok(out)) => check(&out),
+            (Expect::Err(kind, message), Err(e)) => {
+                assert_eq!(e.kind(), kind, "{what}: {e}");
+                assert!(e.to_string().contains(message), "{what}: {e}");
+            }
+            (Expect::Ok(_), Err(e)) => panic!("{what}: unexpected error {e}"),
+            (Expect::Err(..), Ok(_)) => panic!("{what}: expected an error"),
+        }
+    }
+    // The syntax error names the file (here the op's inline code) and the line.
+    let e = numpy("def f(x):\n    return x +", f32_())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("<pyop op `t` #") && e.contains("line 3"), "{e}");
+}
+
+// --- observability ---
+
+#[test]
+fn counters_count_calls_errors_and_time() {
+    let op = PyOp::builder("counted")
+        .code("def counted(x, fail):\n    if fail:\n        raise ValueError('no')\n    return x")
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = scalar(1.0);
+    for i in 0..10 {
+        let _ = op.call(&[Arg::from(&x), Arg::Bool(i % 5 == 0)]);
+    }
+    let s = op.stats();
+    assert_eq!((s.calls, s.errors), (10, 2));
+    assert!(s.python_time > Duration::ZERO);
+}
