@@ -43,10 +43,10 @@
 pub use candle_core::Tensor;
 pub use pyop_macros::py_op;
 pub use pyop_runtime::{
-    error_to_python, expose, gradcheck, python_env, registered_ops, tout_to_string, Arg,
-    CallOptions, Error, ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Mode, OpBuilder,
-    OpDecl, OpStats, OutSpec, PyOp, PyTensor, PythonEnv, Result, RustGradient, Source, SourceDecl,
-    Value,
+    error_to_python, expose, gradcheck, op_stats, python_env, registered_op, registered_ops,
+    tout_to_string, Arg, CallOptions, Error, ErrorKind, GradCheck, GradDecl, GradReport,
+    GradientCall, Mode, OpBuilder, OpDecl, OpStats, OutSpec, PyOp, PyTensor, PythonEnv, Result,
+    RustGradient, Source, SourceDecl, StaticOp, Value,
 };
 
 /// candle-core, as pyop uses it.

@@ -153,7 +153,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 timeout_ms: #timeout,
             };
             static __PYOP_OP: #p::StaticOp = #p::StaticOp::new(&__PYOP_DECL);
-            #p::inventory::submit! { #p::Registration(&__PYOP_DECL) }
+            #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
             let __pyop_outputs = __PYOP_OP.call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
         }

@@ -12,6 +12,7 @@ use crate::grad::RustGradient;
 use crate::op::{CallOptions, OpBuilder, PyOp};
 use crate::source::Source;
 use crate::spec::{Mode, OutSpec};
+use crate::stats::OpStats;
 
 /// An op as `#[py_op]` declared it. The macro builds one as a `static`; read them all with
 /// [`registered_ops`].
@@ -141,20 +142,45 @@ impl StaticOp {
     pub fn decl(&self) -> &'static OpDecl {
         self.decl
     }
+
+    /// The op's counters (all zero before its first call).
+    pub fn stats(&self) -> OpStats {
+        self.op.get().map(PyOp::stats).unwrap_or_default()
+    }
 }
 
 /// One registry entry; `#[py_op]` submits one per declared op.
 #[doc(hidden)]
-pub struct Registration(pub &'static OpDecl);
+pub struct Registration(pub &'static StaticOp);
 
 inventory::collect!(Registration);
 
-/// Every op declared with `#[py_op]` in the program, from any crate, sorted by Rust path.
-pub fn registered_ops() -> Vec<&'static OpDecl> {
-    let mut all: Vec<&'static OpDecl> = inventory::iter::<Registration>
+/// Every op declared with `#[py_op]` in the program, from any crate, sorted by Rust path (the
+/// key: two crates' ops of the same name do not collide).
+pub fn registered_ops() -> Vec<&'static StaticOp> {
+    let mut all: Vec<&'static StaticOp> = inventory::iter::<Registration>
         .into_iter()
         .map(|r| r.0)
         .collect();
-    all.sort_by_key(|d| (d.module_path, d.name));
+    all.sort_by_key(|op| (op.decl.module_path, op.decl.name));
     all
+}
+
+/// The declared op whose Rust path is `key` (`my_crate::ops::zscore`), or whose name is `key` if
+/// only one op has that name.
+pub fn registered_op(key: &str) -> Option<&'static StaticOp> {
+    let all = registered_ops();
+    if let Some(op) = all.iter().find(|op| op.decl.rust_path() == key) {
+        return Some(op);
+    }
+    let mut named = all.into_iter().filter(|op| op.decl.name == key);
+    match (named.next(), named.next()) {
+        (Some(op), None) => Some(op),
+        _ => None,
+    }
+}
+
+/// The counters of the declared op `key` (see [`registered_op`]).
+pub fn op_stats(key: &str) -> Option<OpStats> {
+    registered_op(key).map(StaticOp::stats)
 }

@@ -183,10 +183,10 @@ fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
 /// replaces the function.
 ///
 /// ```no_run
-/// use pyop::{expose, Value};
+/// use pyop_runtime::{expose, Value};
 /// expose("double", |args| Ok(Value::from((args[0].tensor()? * 2.0)?)))?;
 /// // in a body:  y = pyop.rust.double(x)
-/// # Ok::<(), pyop::Error>(())
+/// # Ok::<(), pyop_runtime::Error>(())
 /// ```
 pub fn expose<F>(name: &str, f: F) -> Result<()>
 where

@@ -16,7 +16,9 @@ mod tensor;
 mod timeout;
 
 pub use convert::Arg;
-pub use decl::{registered_ops, GradDecl, OpDecl, Registration, SourceDecl, StaticOp};
+pub use decl::{
+    op_stats, registered_op, registered_ops, GradDecl, OpDecl, Registration, SourceDecl, StaticOp,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use expose::{expose, Value};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};

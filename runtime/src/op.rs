@@ -203,7 +203,8 @@ enum BodySpec {
 /// Builds a [`PyOp`] at run time, like `tf.py_function` taking a function at call time.
 ///
 /// ```no_run
-/// use pyop::{Arg, PyOp, OutSpec, candle::{DType, Device, Tensor}};
+/// use candle_core::{DType, Device, Tensor};
+/// use pyop_runtime::{Arg, OutSpec, PyOp};
 /// let op = PyOp::builder("double")
 ///     .code("def double(x):\n    return x * 2")
 ///     .numpy()
@@ -211,7 +212,7 @@ enum BodySpec {
 ///     .build()?;
 /// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
 /// let y = op.call(&[Arg::from(&x)])?;
-/// # Ok::<(), pyop::Error>(())
+/// # Ok::<(), pyop_runtime::Error>(())
 /// ```
 #[must_use]
 pub struct OpBuilder {
