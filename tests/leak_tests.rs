@@ -5,6 +5,9 @@ use pyop::candle::{DType, Device, Tensor};
 use pyop::pyo3::prelude::*;
 use pyop::{py_op, Arg, OutSpec, PyOp};
 
+/// The two tests measure the whole process, so they take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Resident memory of this process, in bytes.
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -20,6 +23,7 @@ fn small_t(x: &Tensor) -> pyop::Result<Tensor>;
 
 #[test]
 fn a_million_calls_keep_memory_flat() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let x = Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap();
     for _ in 0..20_000 {
         small(&x, 1.0).unwrap();
@@ -66,6 +70,7 @@ fn python_objects(py: Python<'_>) -> (usize, usize, usize) {
 
 #[test]
 fn dropped_runtime_ops_leave_nothing_behind() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
     let make = |i: usize| {
         let op = PyOp::builder(format!("op{i}"))
