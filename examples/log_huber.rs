@@ -23,6 +23,7 @@ def log_huber(x, m):
 fn log_huber(x: &Tensor, m: &Tensor) -> pyop::Result<Tensor>;
 
 fn main() -> pyop::Result<()> {
+    pyop::validate()?; // every op's source, function and signature, checked before anything runs
     for (x0, m0) in [(1.0f32, 2.0f32), (3.0, 2.0)] {
         let x = Var::new(x0, &Device::Cpu)?;
         let m = Var::new(m0, &Device::Cpu)?;

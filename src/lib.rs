@@ -43,10 +43,11 @@
 pub use candle_core::Tensor;
 pub use pyop_macros::py_op;
 pub use pyop_runtime::{
-    error_to_python, expose, gradcheck, op_stats, python_env, registered_op, registered_ops,
-    tout_to_string, Arg, CallOptions, Error, ErrorKind, GradCheck, GradDecl, GradReport,
-    GradientCall, Mode, OpBuilder, OpDecl, OpStats, OutSpec, PyOp, PyTensor, PythonEnv, Result,
-    RustGradient, Source, SourceDecl, StaticOp, Value,
+    error_to_python, expose, gradcheck, manifest_json, op_stats, python_env, registered_op,
+    registered_ops, tout_to_string, validate, validation_report, Arg, CallOptions, Error,
+    ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Mode, OpBuilder, OpDecl, OpStats,
+    OutSpec, Problem, PyOp, PyTensor, PythonEnv, Result, RustGradient, Source, SourceDecl,
+    StaticOp, ValidationReport, Value,
 };
 
 /// candle-core, as pyop uses it.

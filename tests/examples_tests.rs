@@ -75,3 +75,46 @@ fn numpy_ops_prints_in_order() {
         "{out}"
     );
 }
+
+#[test]
+fn debugging_shows_print_and_traceback() {
+    let out = example("debugging");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "scaled: got shape (2, 2) and dtype f32", "{out}");
+    assert_eq!(lines[1], "result = [[2.0, 4.0], [6.0, 8.0]]");
+    assert_eq!(lines[2], "error kind: InvalidArgument");
+    assert!(
+        lines[3].starts_with("op `reshaped`: ValueError: Shape mismatch"),
+        "{out}"
+    );
+    assert!(
+        out.contains("line 3, in reshaped\n    return helper(x)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("line 6, in helper\n    return x.reshape(7)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn manifest_prints_every_op_as_json() {
+    let out = example("manifest");
+    let ops: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["rust_path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "manifest::clip",
+            "manifest::zscore",
+            "manifest::stats::zscore"
+        ]
+    );
+    assert_eq!(ops[2]["source"]["origin"], "examples/ops/stats.py");
+    assert_eq!(ops[0]["grad"]["kind"], "python");
+}

@@ -109,7 +109,8 @@ fn main() {
     )
     .unwrap();
     let fake = outside.join("fake");
-    let scenarios: Vec<(&str, PathBuf, Vec<(&str, &str)>)> = vec![
+    type Scenario<'a> = (&'a str, PathBuf, Vec<(&'a str, &'a str)>);
+    let scenarios: Vec<Scenario> = vec![
         ("virtual_env", outside.clone(), vec![("VIRTUAL_ENV", venv)]),
         (
             "override",

@@ -8,7 +8,7 @@ use crate::ctxt::Ctxt;
 
 /// The keys `#[py_op]` accepts.
 const KEYS: &str =
-    "`file`, `code`, `module`, `name`, `numpy`, `tout`, `grad`, `timeout_ms`, `crate`";
+    "`file`, `code`, `module`, `package`, `name`, `numpy`, `tout`, `grad`, `timeout_ms`, `crate`";
 
 /// The dtypes `tout` accepts: the name written, candle's variant, and whether NumPy has it.
 pub const DTYPES: &[(&str, &str, bool)] = &[
@@ -39,6 +39,7 @@ pub struct Options {
     pub file: Option<Attr<LitStr>>,
     pub code: Option<Attr<LitStr>>,
     pub module: Option<Attr<LitStr>>,
+    pub package: Option<Attr<LitStr>>,
     pub name: Option<Attr<LitStr>>,
     pub numpy: Option<Key>,
     pub tout: Option<Attr<Tout>>,
@@ -126,6 +127,12 @@ impl Options {
                 &mut self.module,
                 key,
                 parse_lit_str(cx, value, "module"),
+            ),
+            "package" => set(
+                cx,
+                &mut self.package,
+                key,
+                parse_lit_str(cx, value, "package"),
             ),
             "name" => set(cx, &mut self.name, key, parse_lit_str(cx, value, "name")),
             "numpy" => {

@@ -73,6 +73,15 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         let joined = quote_spanned!(lit.span()=> ::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #lit));
         let include = quote_spanned!(lit.span()=> ::core::include_str!(#joined));
         quote!(#p::SourceDecl::File { path: #path, abs: #joined, text: #include })
+    } else if let Some(package) = &opts.package {
+        match package_source(
+            &p,
+            &package.value,
+            opts.module.as_ref().map(|m| m.value.value()),
+        ) {
+            Ok(tokens) => tokens,
+            Err(e) => return e.to_compile_error(),
+        }
     } else if let Some(code) = &opts.code {
         let lit = &code.value;
         quote!(#p::SourceDecl::Code(#lit))
@@ -108,7 +117,10 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     let grad = match opts.grad.as_ref().map(|a| &a.value) {
         None => quote!(::core::option::Option::None),
         Some(Grad::Python(s)) => quote!(::core::option::Option::Some(#p::GradDecl::Python(#s))),
-        Some(Grad::Rust(path)) => quote!(::core::option::Option::Some(#p::GradDecl::Rust(#path))),
+        Some(Grad::Rust(path)) => {
+            let text = quote!(#path).to_string().replace(' ', "");
+            quote!(::core::option::Option::Some(#p::GradDecl::Rust(#path, #text)))
+        }
     };
     let timeout = match &opts.timeout_ms {
         None => quote!(::core::option::Option::None),
@@ -158,4 +170,65 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
         }
     }
+}
+
+/// The package's name: the last component of its folder.
+pub fn package_name(path: &str) -> String {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path)
+        .to_owned()
+}
+
+/// `SourceDecl::Package` with every `.py` file of the folder embedded (`include_str!`, so editing
+/// one rebuilds; a file added later needs a rebuild to be seen).
+fn package_source(
+    p: &TokenStream,
+    lit: &syn::LitStr,
+    module: Option<String>,
+) -> syn::Result<TokenStream> {
+    let rel = lit.value();
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let root = std::path::Path::new(&manifest).join(&rel);
+    let mut files = Vec::new();
+    collect_py(&root, "", &mut files).map_err(|e| {
+        syn::Error::new(
+            lit.span(),
+            format!("cannot read the package folder {}: {e}", root.display()),
+        )
+    })?;
+    if files.is_empty() {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("the package folder {} has no .py files", root.display()),
+        ));
+    }
+    files.sort();
+    let name = package_name(&rel);
+    let module = module.unwrap_or_else(|| name.clone());
+    let entries = files.iter().map(|f| {
+        let include = quote_spanned!(lit.span()=> ::core::include_str!(::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #rel, "/", #f)));
+        quote!((#f, #include))
+    });
+    let abs =
+        quote_spanned!(lit.span()=> ::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #rel));
+    Ok(
+        quote!(#p::SourceDecl::Package { path: #rel, abs: #abs, name: #name, module: #module, files: &[#(#entries),*] }),
+    )
+}
+
+fn collect_py(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type()?.is_dir() {
+            if name != "__pycache__" && !name.starts_with('.') {
+                collect_py(&entry.path(), &format!("{prefix}{name}/"), out)?;
+            }
+        } else if name.ends_with(".py") {
+            out.push(format!("{prefix}{name}"));
+        }
+    }
+    Ok(())
 }

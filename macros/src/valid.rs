@@ -7,23 +7,42 @@ use crate::attr::Options;
 use crate::ctxt::Ctxt;
 
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
-    let sources: Vec<_> = [&opts.file, &opts.code, &opts.module]
+    // `module` may name a module inside a `package`; otherwise a body has exactly one source.
+    let module_alone = if opts.package.is_some() {
+        &None
+    } else {
+        &opts.module
+    };
+    let sources: Vec<_> = [&opts.file, &opts.code, module_alone, &opts.package]
         .into_iter()
         .flatten()
         .map(|a| &a.key)
         .collect();
     let written = |k: &str| opts.written.iter().any(|w| w == k);
     match sources.as_slice() {
-        [] if ["file", "code", "module"].iter().any(|k| written(k)) => {}
+        [] if ["file", "code", "module", "package"].iter().any(|k| written(k)) => {}
         [] => cx.syn_error(syn::Error::new(
             Span::call_site(),
-            "missing the body's source: give one of `file = \"ops/my_op.py\"`, `code = \"def ...\"` or `module = \"name\"`",
+            "missing the body's source: give one of `file = \"ops/my_op.py\"`, `code = \"def ...\"`, `module = \"name\"` or `package = \"py/mylib\"`",
         )),
         [_] => {}
         [first, rest @ ..] => {
             for key in rest {
-                cx.error_spanned_by(key, format!("`{}` and `{}` cannot both be given: a body has one source", first.ident, key.ident));
+                cx.error_spanned_by(
+                    key,
+                    format!("`{}` and `{}` cannot both be given: a body has one source", first.ident, key.ident),
+                );
             }
+        }
+    }
+    if let (Some(package), Some(module)) = (&opts.package, &opts.module) {
+        let name = crate::expand::package_name(&package.value.value());
+        let m = module.value.value();
+        if m != name && !m.starts_with(&format!("{name}.")) {
+            cx.error_spanned_by(
+                &module.value,
+                format!("with `package`, `module` names a module inside it: `{name}` or `{name}.<module>`"),
+            );
         }
     }
     let Some(tout) = &opts.tout else {

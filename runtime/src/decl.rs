@@ -51,6 +51,17 @@ pub enum SourceDecl {
     },
     /// `module = "..."`.
     Module(&'static str),
+    /// `package = "py/mylib"`: a folder of Python embedded at compile time, importable as the
+    /// package named after the folder; the body is looked up in `module` (the package itself,
+    /// or a module in it given with `module = "mylib.ops"`).
+    Package {
+        path: &'static str,
+        abs: &'static str,
+        name: &'static str,
+        module: &'static str,
+        /// Each file's path relative to the folder (`/`-separated) and its text.
+        files: &'static [(&'static str, &'static str)],
+    },
 }
 
 /// A declared gradient.
@@ -58,8 +69,8 @@ pub enum SourceDecl {
 pub enum GradDecl {
     /// `grad = "name"`: a Python function in the op's source.
     Python(&'static str),
-    /// `grad = path`: a Rust function.
-    Rust(RustGradient),
+    /// `grad = path`: a Rust function, and its path as written.
+    Rust(RustGradient, &'static str),
 }
 
 impl OpDecl {
@@ -85,6 +96,21 @@ impl OpDecl {
                 text: Cow::Borrowed(text),
             },
             SourceDecl::Module(m) => Source::Module(Cow::Borrowed(m)),
+            SourceDecl::Package {
+                abs,
+                name,
+                module,
+                files,
+                ..
+            } => Source::Package {
+                root: Cow::Borrowed(abs),
+                name: Cow::Borrowed(name),
+                module: Cow::Borrowed(module),
+                files: files
+                    .iter()
+                    .map(|(p, t)| (Cow::Borrowed(*p), Cow::Borrowed(*t)))
+                    .collect(),
+            },
         }
     }
 
@@ -96,7 +122,7 @@ impl OpDecl {
         b = match &self.grad {
             None => b,
             Some(GradDecl::Python(g)) => b.gradient(*g),
-            Some(GradDecl::Rust(f)) => b.gradient_rust(*f),
+            Some(GradDecl::Rust(f, _)) => b.gradient_rust(*f),
         };
         if let Some(ms) = self.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));

@@ -48,6 +48,8 @@ pub enum ErrorKind {
     Timeout,
     /// Rust code called by the executor panicked.
     Panic,
+    /// `validate()` found problems in declared ops.
+    Validation,
     /// An error from candle.
     Candle,
 }

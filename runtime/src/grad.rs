@@ -429,8 +429,9 @@ impl Node {
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
             let grads = convert::python_args(py, op.mode, &gs, &grad_prepared)
                 .map_err(|e| python::python_error(py, &op.name, e))?;
+            let f = op.python_gradient_now(py, f);
             let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || {
-                f.bind(py).call1((inputs, outputs, grads))
+                f.call1((inputs, outputs, grads))
             })?;
             self.python_results(py, &args, &device, &returned)
         });

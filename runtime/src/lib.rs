@@ -9,11 +9,13 @@ mod expose;
 mod grad;
 mod op;
 mod python;
+mod reload;
 mod source;
 mod spec;
 mod stats;
 mod tensor;
 mod timeout;
+mod validate;
 
 pub use convert::Arg;
 pub use decl::{
@@ -28,6 +30,7 @@ pub use source::Source;
 pub use spec::{numpy_can_hold, tout_to_string, Mode, OutSpec};
 pub use stats::OpStats;
 pub use tensor::{error_to_python, OpTimeout, PyTensor, RustError};
+pub use validate::{manifest_json, validate, validation_report, Problem, ValidationReport};
 
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]

@@ -37,6 +37,10 @@ pub(crate) struct OpInner {
     pub body: Py<PyAny>,
     pub gradient: Option<Gradient>,
     pub timeout: Option<Duration>,
+    /// Set when hot reload watches the body's files.
+    reload: Option<crate::reload::Reload>,
+    function: String,
+    gradient_name: Option<String>,
     pub counters: Counters,
     /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
     owns_lines: bool,
@@ -92,6 +96,11 @@ impl PyOp {
         &self.inner.tout
     }
 
+    /// Why the last hot reload of the body failed, if it did (see `PYOP_HOT_RELOAD`).
+    pub fn last_reload_error(&self) -> Option<String> {
+        self.inner.reload.as_ref().and_then(|r| r.last_error())
+    }
+
     /// Where the body came from (`None` for a body given as a callable).
     pub fn source(&self) -> Option<&Source> {
         self.inner.source.as_ref()
@@ -141,7 +150,7 @@ impl PyOp {
             let py_args = convert::python_args(py, op.mode, args, &prepared)
                 .map_err(|e| python::python_error(py, &op.name, e))?;
             let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
-                op.body.bind(py).call1(py_args)
+                op.body_now(py).call1(py_args)
             })?;
             let check = OutputCheck {
                 op: &op.name,
@@ -268,6 +277,35 @@ impl OpBuilder {
         Ok(self)
     }
 
+    /// The body is in `module` of the package whose folder is `root` (named after the folder),
+    /// read now and served from memory, like `#[py_op(package = ...)]`.
+    pub fn package(
+        mut self,
+        root: impl AsRef<std::path::Path>,
+        module: impl Into<String>,
+    ) -> Result<Self> {
+        let root = root.as_ref();
+        let name = root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut files = Vec::new();
+        crate::reload::read_package(root, &mut files).map_err(|e| {
+            Error::op_failure(
+                &self.name,
+                ErrorKind::Source,
+                format!("cannot read the package {}: {e}", root.display()),
+            )
+        })?;
+        self.body = BodySpec::Source(Source::Package {
+            root: Cow::Owned(root.display().to_string()),
+            name: Cow::Owned(name),
+            module: Cow::Owned(module.into()),
+            files,
+        });
+        Ok(self)
+    }
+
     /// The body is in the module `name`, imported from `sys.path`.
     pub fn module(mut self, name: impl Into<String>) -> Self {
         self.body = BodySpec::Source(Source::Module(Cow::Owned(name.into())));
@@ -357,6 +395,10 @@ impl OpBuilder {
         }
         let function = self.function.unwrap_or_else(|| name.clone());
         let mode = self.mode;
+        let gradient_name = match &self.gradient {
+            Some(GradientSpec::Python(g)) => Some(g.clone()),
+            _ => None,
+        };
         let (body, module, gradient, source) = with_gil(&name, |py| {
             let (module, body, source) = match self.body {
                 BodySpec::None => bail!(
@@ -410,6 +452,9 @@ impl OpBuilder {
             Ok((body, keep, gradient, source))
         })?
         .0;
+        let reload = source
+            .as_ref()
+            .and_then(|s| crate::reload::Reload::for_source(s, shared));
         Ok(PyOp {
             inner: Arc::new(OpInner {
                 name,
@@ -421,9 +466,56 @@ impl OpBuilder {
                 timeout: self.timeout,
                 counters: Counters::default(),
                 owns_lines: !shared,
+                reload,
+                function,
+                gradient_name,
                 _module: module,
             }),
         })
+    }
+}
+
+impl OpInner {
+    /// The body to call now (hot reload may have replaced the one the op was built with).
+    pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        match &self.reload {
+            None => self.body.bind(py).clone(),
+            Some(r) => self.reloaded(py, r).body,
+        }
+    }
+
+    /// The Python gradient to call now.
+    pub(crate) fn python_gradient_now<'py>(
+        &self,
+        py: Python<'py>,
+        built: &Py<PyAny>,
+    ) -> Bound<'py, PyAny> {
+        match &self.reload {
+            None => built.bind(py).clone(),
+            Some(r) => self
+                .reloaded(py, r)
+                .gradient
+                .unwrap_or_else(|| built.bind(py).clone()),
+        }
+    }
+
+    fn reloaded<'py>(
+        &self,
+        py: Python<'py>,
+        r: &crate::reload::Reload,
+    ) -> crate::reload::Current<'py> {
+        let built_grad = match &self.gradient {
+            Some(Gradient::Python(g)) => Some(g),
+            _ => None,
+        };
+        let grad_name = self.gradient_name.as_deref();
+        r.current(
+            py,
+            &self.name,
+            &self.function,
+            grad_name,
+            (&self.body, built_grad),
+        )
     }
 }
 

@@ -237,11 +237,14 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "Exception".to_owned());
-    let message = err
+    let mut message = err
         .value(py)
         .str()
         .map(|s| s.to_string())
         .unwrap_or_default();
+    if err.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
+        message.push_str(&missing_package_hint(py, &err));
+    }
     let traceback = err
         .traceback(py)
         .map(|tb| format_traceback(py, &tb))
@@ -267,4 +270,19 @@ fn format_traceback(py: Python<'_>, tb: &Bound<'_, pyo3::types::PyTraceback>) ->
         Ok(body) => format!("Traceback (most recent call last):\n{body}"),
         Err(_) => tb.format().unwrap_or_default(),
     }
+}
+
+/// What to do about a package a body imports that is not installed.
+fn missing_package_hint(py: Python<'_>, err: &PyErr) -> String {
+    let name: String = err
+        .value(py)
+        .getattr("name")
+        .and_then(|n| n.extract())
+        .unwrap_or_default();
+    let top = name.split('.').next().unwrap_or_default();
+    let into = match READY.get(py).and_then(|e| e.root.as_ref()) {
+        Some(root) => format!("into {}", root.display()),
+        None => "(no venv is active: set VIRTUAL_ENV or PYOP_PYTHON_ENV, or make a .venv)".into(),
+    };
+    format!(" (install it {into}: `python3 -m pip install {top}`)")
 }

@@ -30,6 +30,14 @@ pub enum Source {
     },
     /// A module imported from `sys.path` on first use.
     Module(Cow<'static, str>),
+    /// A package served from memory: `files` (paths relative to `root`, `/`-separated) become
+    /// the package `name`; the body is in its module `module`.
+    Package {
+        root: Cow<'static, str>,
+        name: Cow<'static, str>,
+        module: Cow<'static, str>,
+        files: Vec<(Cow<'static, str>, Cow<'static, str>)>,
+    },
 }
 
 impl Source {
@@ -39,6 +47,7 @@ impl Source {
             Source::Code { filename, .. } => format!("code {filename}"),
             Source::File { path, .. } => format!("file {path}"),
             Source::Module(m) => format!("module {m}"),
+            Source::Package { root, module, .. } => format!("package {root} (module {module})"),
         }
     }
 
@@ -47,7 +56,7 @@ impl Source {
         match self {
             Source::Code { code, .. } => code,
             Source::File { text, .. } => text,
-            Source::Module(_) => "",
+            Source::Module(_) | Source::Package { .. } => "",
         }
     }
 
@@ -56,6 +65,7 @@ impl Source {
             Source::Code { code, filename } => format!("code:{filename}:{code}"),
             Source::File { path, .. } => format!("file:{path}"),
             Source::Module(m) => format!("module:{m}"),
+            Source::Package { name, module, .. } => format!("package:{name}:{module}"),
         }
     }
 }
@@ -70,8 +80,10 @@ pub(crate) fn shared_module<'py>(
     op: &str,
     source: &Source,
 ) -> Result<Bound<'py, PyAny>> {
-    if let Source::Module(name) = source {
-        return import(py, op, name);
+    match source {
+        Source::Module(name) => return import(py, op, name),
+        Source::Package { .. } => return package_module(py, op, source, false),
+        _ => {}
     }
     let key = source.key();
     if let Some(m) = lock(&SHARED).as_ref().and_then(|map| map.get(&key)) {
@@ -89,6 +101,34 @@ pub(crate) fn shared_module<'py>(
         .clone())
 }
 
+/// Loads `source` anew and makes it the shared module of its source (hot reload); ops that
+/// reload the same file afterwards get this instance while the text is unchanged.
+pub(crate) fn replace_shared<'py>(
+    py: Python<'py>,
+    op: &str,
+    source: &Source,
+) -> Result<Bound<'py, PyAny>> {
+    let key = source.key();
+    let text = source.text().to_owned();
+    if let Some(m) = lock(&RELOADED).as_ref().and_then(|map| map.get(&key)) {
+        if m.0 == text {
+            return Ok(m.1.bind(py).clone());
+        }
+    }
+    let module = load(py, op, source, true)?;
+    lock(&RELOADED)
+        .get_or_insert_with(HashMap::new)
+        .insert(key.clone(), (text, module.clone().unbind()));
+    lock(&SHARED)
+        .get_or_insert_with(HashMap::new)
+        .insert(key, module.clone().unbind());
+    Ok(module)
+}
+
+/// The text each hot-reloaded shared source was last loaded from.
+#[allow(clippy::type_complexity)]
+static RELOADED: Mutex<Option<HashMap<String, (String, Py<PyAny>)>>> = Mutex::new(None);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -105,7 +145,57 @@ pub(crate) fn private_module<'py>(
         Source::Module(name) => import(py, op, name),
         Source::Code { .. } => load(py, op, source, true),
         Source::File { .. } => load(py, op, source, false),
+        Source::Package { .. } => package_module(py, op, source, false),
     }
+}
+
+/// Installs (or, with `replace`, refreshes) the in-memory importer of a package source and
+/// imports the body's module from it.
+pub(crate) fn package_module<'py>(
+    py: Python<'py>,
+    op: &str,
+    source: &Source,
+    replace: bool,
+) -> Result<Bound<'py, PyAny>> {
+    let Source::Package {
+        root,
+        name,
+        module,
+        files,
+    } = source
+    else {
+        unreachable!("called for packages only")
+    };
+    let run = || -> PyResult<Bound<'py, PyAny>> {
+        let files_dict = PyDict::new(py);
+        for (path, text) in files {
+            files_dict.set_item(path.as_ref(), text.as_ref())?;
+        }
+        let pyop = PyModule::import(py, "pyop")?;
+        pyop.getattr("_install_package")?.call1((
+            name.as_ref(),
+            root.as_ref(),
+            files_dict,
+            replace,
+        ))?;
+        PyModule::import(py, "importlib")?.call_method1("import_module", (module.as_ref(),))
+    };
+    run().map_err(|e| match python_error(py, op, e) {
+        Error::Python {
+            op,
+            exception,
+            message,
+            traceback,
+            ..
+        } => Error::Python {
+            op,
+            kind: ErrorKind::Source,
+            exception,
+            message: format!("cannot load the source {}: {message}", source.describe()),
+            traceback,
+        },
+        e => e,
+    })
 }
 
 /// Removes a run-time op's inline code from `linecache`.
@@ -150,7 +240,7 @@ fn load<'py>(
     let (text, filename): (&str, &str) = match source {
         Source::Code { code, filename } => (code, filename),
         Source::File { path, text } => (text, path),
-        Source::Module(_) => unreachable!("imported, not loaded"),
+        Source::Module(_) | Source::Package { .. } => unreachable!("imported, not loaded"),
     };
     let run = || -> PyResult<Bound<'py, PyAny>> {
         let module = PyModule::new(py, &format!("pyop_body_{op}"))?;

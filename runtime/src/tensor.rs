@@ -101,8 +101,17 @@ impl PyTensor {
 
 type CResult<T> = candle_core::Result<T>;
 
-fn value_error(e: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(e.to_string())
+fn value_error(e: candle_core::Error) -> PyErr {
+    PyValueError::new_err(candle_message(&e))
+}
+
+/// candle's message without the Rust backtrace it carries when `RUST_BACKTRACE` is set: the
+/// Python traceback says where the body was.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        e => e.to_string(),
+    }
 }
 
 /// Runs candle work, with the GIL released when the tensor is large.
@@ -1315,6 +1324,66 @@ minimum = _commutative("minimum")
 
 def matmul(a, b):
     return a @ b
+
+
+import importlib.abc as _abc
+import importlib.util as _util
+import sys as _sys
+
+
+class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
+    """Serves a package embedded in the binary (`#[py_op(package = ...)]`) from memory."""
+
+    def __init__(self, name, root, files):
+        self.name, self.root, self.files = name, root, dict(files)
+
+    def _locate(self, fullname):
+        if fullname == self.name:
+            return "__init__.py", True
+        if not fullname.startswith(self.name + "."):
+            return None
+        rel = fullname[len(self.name) + 1:].replace(".", "/")
+        if rel + "/__init__.py" in self.files:
+            return rel + "/__init__.py", True
+        if rel + ".py" in self.files:
+            return rel + ".py", False
+        return None
+
+    def find_spec(self, fullname, path=None, target=None):
+        found = self._locate(fullname)
+        if found is None:
+            return None
+        rel, is_package = found
+        spec = _util.spec_from_loader(fullname, self, origin=self.root + "/" + rel, is_package=is_package)
+        spec.has_location = True
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        rel, _ = self._locate(module.__name__)
+        filename = self.root + "/" + rel
+        module.__file__ = filename
+        exec(compile(self.files.get(rel, ""), filename, "exec"), module.__dict__)
+
+    def get_source(self, fullname):
+        found = self._locate(fullname)
+        return None if found is None else self.files.get(found[0], "")
+
+
+_packages = {}
+
+
+def _install_package(name, root, files, replace):
+    finder = _packages.get(name)
+    if finder is None:
+        finder = _packages[name] = _EmbeddedPackage(name, root, files)
+        _sys.meta_path.insert(0, finder)
+    elif replace and finder.files != dict(files):
+        finder.files = dict(files)
+        for key in [k for k in _sys.modules if k == name or k.startswith(name + ".")]:
+            del _sys.modules[key]
 
 del _name
 "#;

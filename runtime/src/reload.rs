@@ -1,0 +1,258 @@
+//! Hot reload, for development: with `PYOP_HOT_RELOAD=1`, ops whose body came from a file (or a
+//! package folder) read it again when it changed, so an edit shows up without a rebuild.
+//!
+//! The files are looked at most every [`CHECK_EVERY`] (a `stat` each), not on every call. A
+//! reload that fails to compile keeps the last good body and reports the error. Without the
+//! variable the embedded copy is used and the files are never read.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use pyo3::prelude::*;
+
+use crate::error::Result;
+use crate::source::{self, Source};
+
+/// How often a reloading op looks at its files.
+pub const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether `PYOP_HOT_RELOAD` is set (to anything but `0` or empty), read once.
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PYOP_HOT_RELOAD").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// What a file's (or a folder's files') modification times and sizes were.
+type Stamp = Vec<(PathBuf, Option<SystemTime>, u64)>;
+
+pub(crate) struct Reload {
+    shared: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    source: Source,
+    last_check: Instant,
+    stamp: Stamp,
+    body: Option<Py<PyAny>>,
+    gradient: Option<Py<PyAny>>,
+    error: Option<String>,
+}
+
+/// The body and gradient an op runs now.
+pub(crate) struct Current<'py> {
+    pub body: Bound<'py, PyAny>,
+    pub gradient: Option<Bound<'py, PyAny>>,
+}
+
+impl Reload {
+    /// A reloader for `source` if hot reload is on and the source has files to watch.
+    pub(crate) fn for_source(source: &Source, shared: bool) -> Option<Reload> {
+        if !enabled() || !matches!(source, Source::File { .. } | Source::Package { .. }) {
+            return None;
+        }
+        Some(Reload {
+            shared,
+            state: Mutex::new(State {
+                source: source.clone(),
+                last_check: Instant::now(),
+                stamp: stamp(source),
+                body: None,
+                gradient: None,
+                error: None,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last reload's error, if the last reload failed.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.lock().error.clone()
+    }
+
+    /// The current body and gradient, reloading first if the files changed. `function` and
+    /// `gradient` are their names; `built` are the ones the op was built with.
+    pub(crate) fn current<'py>(
+        &self,
+        py: Python<'py>,
+        op: &str,
+        function: &str,
+        gradient: Option<&str>,
+        built: (&Py<PyAny>, Option<&Py<PyAny>>),
+    ) -> Current<'py> {
+        // The lock is never held while Python runs: a body may wait for another thread that
+        // calls this op.
+        let changed = {
+            let mut st = self.lock();
+            if st.last_check.elapsed() < CHECK_EVERY {
+                None
+            } else {
+                st.last_check = Instant::now();
+                let now = stamp(&st.source);
+                (now != st.stamp).then(|| {
+                    st.stamp = now;
+                    st.source.clone()
+                })
+            }
+        };
+        if let Some(old) = changed {
+            match self.load(py, op, &old, function, gradient) {
+                Ok((source, body, grad)) => {
+                    let mut st = self.lock();
+                    st.source = source;
+                    st.body = Some(body);
+                    st.gradient = grad;
+                    st.error = None;
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    eprintln!(
+                        "pyop: hot reload of op `{op}` failed; keeping the last good body:\n{msg}"
+                    );
+                    tracing::warn!(op, error = %msg, "pyop hot reload failed");
+                    self.lock().error = Some(msg);
+                }
+            }
+        }
+        let st = self.lock();
+        let body = st.body.as_ref().unwrap_or(built.0).bind(py).clone();
+        let gradient = match (&st.body, &st.gradient) {
+            (Some(_), g) => g.as_ref().map(|g| g.bind(py).clone()),
+            (None, _) => built.1.map(|g| g.bind(py).clone()),
+        };
+        Current { body, gradient }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn load(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        old: &Source,
+        function: &str,
+        gradient: Option<&str>,
+    ) -> Result<(Source, Py<PyAny>, Option<Py<PyAny>>)> {
+        let source = reread(op, old)?;
+        let module = match &source {
+            Source::Package { .. } => source::package_module(py, op, &source, true)?,
+            _ if self.shared => source::replace_shared(py, op, &source)?,
+            _ => source::private_module(py, op, &source)?,
+        };
+        let body = source::function(&module, op, function, &source, "function")?.unbind();
+        let grad = match gradient {
+            Some(g) => Some(source::function(&module, op, g, &source, "gradient")?.unbind()),
+            None => None,
+        };
+        Ok((source, body, grad))
+    }
+}
+
+/// The source with its text read again from disk.
+fn reread(op: &str, source: &Source) -> Result<Source> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|e| {
+            crate::Error::op_failure(
+                op,
+                crate::ErrorKind::Source,
+                format!("cannot read {}: {e}", p.display()),
+            )
+        })
+    };
+    Ok(match source {
+        Source::File { path, .. } => Source::File {
+            path: path.clone(),
+            text: read(Path::new(path.as_ref()))?.into(),
+        },
+        Source::Package {
+            root, name, module, ..
+        } => {
+            let mut files = Vec::new();
+            read_package(Path::new(root.as_ref()), &mut files).map_err(|e| {
+                crate::Error::op_failure(
+                    op,
+                    crate::ErrorKind::Source,
+                    format!("cannot read {root}: {e}"),
+                )
+            })?;
+            Source::Package {
+                root: root.clone(),
+                name: name.clone(),
+                module: module.clone(),
+                files,
+            }
+        }
+        other => other.clone(),
+    })
+}
+
+fn stamp(source: &Source) -> Stamp {
+    let of = |p: &Path| {
+        let meta = std::fs::metadata(p).ok();
+        (
+            p.to_path_buf(),
+            meta.as_ref().and_then(|m| m.modified().ok()),
+            meta.map_or(0, |m| m.len()),
+        )
+    };
+    match source {
+        Source::File { path, .. } => vec![of(Path::new(path.as_ref()))],
+        Source::Package { root, .. } => package_files(Path::new(root.as_ref())),
+        _ => Vec::new(),
+    }
+}
+
+/// The `.py` files under `root` (relative paths), with their times and sizes, sorted.
+fn package_files(root: &Path) -> Stamp {
+    fn walk(dir: &Path, rel: &Path, out: &mut Stamp) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let (path, rel) = (e.path(), rel.join(&name));
+            if path.is_dir() {
+                if name != "__pycache__" {
+                    walk(&path, &rel, out);
+                }
+            } else if path.extension().is_some_and(|x| x == "py") {
+                let meta = e.metadata().ok();
+                out.push((
+                    rel,
+                    meta.as_ref().and_then(|m| m.modified().ok()),
+                    meta.map_or(0, |m| m.len()),
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, Path::new(""), &mut out);
+    out.sort();
+    out
+}
+
+/// Reads every `.py` file under `root` as (relative `/`-separated path, text).
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_package(
+    root: &Path,
+    files: &mut Vec<(
+        std::borrow::Cow<'static, str>,
+        std::borrow::Cow<'static, str>,
+    )>,
+) -> std::io::Result<()> {
+    let listed = package_files(root);
+    if listed.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no .py files",
+        ));
+    }
+    for (rel, _, _) in listed {
+        let text = std::fs::read_to_string(root.join(&rel))?;
+        files.push((rel.to_string_lossy().replace('\\', "/").into(), text.into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! Developer experience: the registry and its manifest, start-up validation, packages, and the
+//! embedded copy being used when hot reload is off.
+
+use pyop::candle::{DType, Device, Tensor};
+use pyop::{py_op, Arg, ErrorKind, OutSpec, PyOp};
+
+fn x() -> Tensor {
+    Tensor::new(&[1f64, 2.], &Device::Cpu).unwrap()
+}
+
+// --- ops of this test binary: two of the same name in different modules, and broken ones ---
+
+mod first {
+    use pyop::{py_op, Tensor};
+    #[py_op(code = "def same_name(x):\n    return x + 1", tout = f64)]
+    pub fn same_name(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
+mod second {
+    use pyop::{py_op, Tensor};
+    #[py_op(code = "def same_name(x):\n    return x + 2", numpy, tout = f64)]
+    pub fn same_name(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
+#[py_op(package = "tests/py/mylib", name = "lib_fn", tout = f64)]
+fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(package = "tests/py/mylib", module = "mylib.sub.deep", tout = f64)]
+fn deep_fn(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(package = "tests/py/mylib", tout = i64)]
+fn where_from(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(module = "numpy", name = "divmod", numpy, tout = (i64, i64))]
+fn divmod(a: &Tensor, b: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+/// A builtin without a signature: validation says it skipped the check.
+#[py_op(module = "math", name = "hypot", tout = f64)]
+fn hypot(a: f64, b: f64) -> pyop::Result<Tensor>;
+
+mod broken {
+    use pyop::{py_op, Tensor};
+
+    #[py_op(code = "def other(x):\n    return x", tout = f64)]
+    pub fn missing_function(x: &Tensor) -> pyop::Result<Tensor>;
+
+    #[py_op(code = "def wrong_arity(x, y, z):\n    return x", tout = f64)]
+    pub fn wrong_arity(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+    #[py_op(code = "def no_grad_fn(x):\n    return x", tout = f64, grad = "no_such_grad")]
+    pub fn no_grad_fn(x: &Tensor) -> pyop::Result<Tensor>;
+
+    #[py_op(code = "def syntax(x):\n    return (x\n", tout = f64)]
+    pub fn syntax(x: &Tensor) -> pyop::Result<Tensor>;
+
+    #[py_op(code = "def g(x):\n    return x\ndef bad_grad_sig(x):\n    return x", tout = f64, grad = "g")]
+    pub fn bad_grad_sig(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
+#[test]
+fn every_declared_op_is_registered_by_rust_path() {
+    let paths: Vec<String> = pyop::registered_ops()
+        .iter()
+        .map(|op| op.decl().rust_path())
+        .collect();
+    for want in [
+        "devx_tests::first::same_name",
+        "devx_tests::second::same_name",
+        "devx_tests::lib_fn",
+        "devx_tests::broken::syntax",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
+    }
+    // Same name, different crates or modules: both there, found by path; the bare name is ambiguous.
+    assert!(pyop::registered_op("devx_tests::second::same_name").is_some());
+    assert!(pyop::registered_op("same_name").is_none());
+    assert_eq!(
+        first::same_name(&x()).unwrap().to_vec1::<f64>().unwrap(),
+        [2., 3.]
+    );
+    assert_eq!(
+        second::same_name(&x()).unwrap().to_vec1::<f64>().unwrap(),
+        [3., 4.]
+    );
+    let stats = pyop::op_stats("devx_tests::first::same_name").unwrap();
+    assert!(stats.calls >= 1);
+}
+
+#[test]
+fn the_manifest_is_json_with_everything_declared() {
+    let json: serde_json::Value = serde_json::from_str(&pyop::manifest_json()).unwrap();
+    let ops = json.as_array().unwrap();
+    let find = |path: &str| {
+        ops.iter()
+            .find(|o| o["rust_path"] == path)
+            .unwrap_or_else(|| panic!("{path}"))
+    };
+    let op = find("devx_tests::second::same_name");
+    assert_eq!(op["name"], "same_name");
+    assert_eq!(op["mode"], "numpy");
+    assert_eq!(op["tout"], "f64");
+    assert_eq!(op["file"], "tests/devx_tests.rs");
+    assert_eq!(op["source"]["kind"], "code");
+    assert_eq!(op["source"]["hash"].as_str().unwrap().len(), 16);
+    assert_ne!(
+        op["source"]["hash"],
+        find("devx_tests::first::same_name")["source"]["hash"]
+    );
+    let op = find("devx_tests::divmod");
+    assert_eq!(op["tout"], "(i64, i64)");
+    assert_eq!(op["source"]["kind"], "module");
+    assert_eq!(op["source"]["origin"], "numpy");
+    assert!(op["source"]["hash"].is_null());
+    assert_eq!(
+        find("devx_tests::broken::no_grad_fn")["grad"]["name"],
+        "no_such_grad"
+    );
+    assert_eq!(find("devx_tests::lib_fn")["source"]["kind"], "package");
+}
+
+#[test]
+fn validation_reports_every_problem_with_its_declaration() {
+    let report = pyop::validation_report().unwrap();
+    assert!(report.checked >= 10, "{report:?}");
+    let problems_of = |name: &str| -> Vec<&pyop::Problem> {
+        report.problems.iter().filter(|p| p.op == name).collect()
+    };
+    let expect = |name: &str, message: &str| {
+        let ps = problems_of(name);
+        assert_eq!(ps.len(), 1, "{name}: {ps:?}");
+        let p = ps[0];
+        assert_eq!(p.rust_path, format!("devx_tests::broken::{name}"));
+        assert_eq!(p.file, "tests/devx_tests.rs");
+        assert!(p.line > 0);
+        assert!(p.message.contains(message), "{name}: {}", p.message);
+    };
+    expect("missing_function", "has no function `missing_function`");
+    expect(
+        "wrong_arity",
+        "the function `wrong_arity` does not accept the declared arguments (x, k): TypeError",
+    );
+    expect("no_grad_fn", "has no gradient `no_such_grad`");
+    expect("syntax", "SyntaxError");
+    expect(
+        "bad_grad_sig",
+        "the gradient `g` does not accept (inputs, outputs, grads)",
+    );
+    // Only the broken ones: the rest, and the Python version, check out.
+    assert_eq!(report.problems.len(), 5, "{:#?}", report.problems);
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.contains("devx_tests::hypot") && s.contains("no signature")),
+        "{:?}",
+        report.skipped
+    );
+    // validate() turns them into one error listing all of them.
+    let err = pyop::validate().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Validation);
+    let text = err.to_string();
+    assert!(text.contains("5 problem(s)"), "{text}");
+    for p in &report.problems {
+        assert!(text.contains(&p.to_string()), "{text}");
+    }
+}
+
+#[test]
+fn a_module_function_without_tensors() {
+    assert_eq!(hypot(3.0, 4.0).unwrap().to_scalar::<f64>().unwrap(), 5.0);
+    assert!(hypot(3.0, 4.0).unwrap().device().is_cpu());
+}
+
+#[test]
+fn packages_import_their_own_modules_from_memory() {
+    assert_eq!(lib_fn(&x()).unwrap().to_vec1::<f64>().unwrap(), [3., 5.]);
+    assert_eq!(deep_fn(&x()).unwrap().to_vec1::<f64>().unwrap(), [4., 8.]);
+    assert_eq!(where_from(&x()).unwrap().to_vec1::<i64>().unwrap(), [1, 1]);
+}
+
+#[test]
+fn without_hot_reload_the_embedded_copy_is_used() {
+    assert!(std::env::var_os("PYOP_HOT_RELOAD").is_none());
+    let dir = std::env::temp_dir().join(format!("pyop-devx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("body.py");
+    std::fs::write(&path, "def body(x):\n    return x + 1\n").unwrap();
+    let op = PyOp::builder("body")
+        .file(&path)
+        .unwrap()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    std::fs::write(&path, "def body(x):\n    return x + 100\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(
+        op.call(&[Arg::from(&x())]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [2., 3.]
+    );
+    std::fs::remove_dir_all(&dir).unwrap(); // never read again
+    assert_eq!(
+        op.call(&[Arg::from(&x())]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [2., 3.]
+    );
+}
+
+#[test]
+fn missing_packages_say_what_to_do() {
+    let op = PyOp::builder("needs_pkg")
+        .code("import pyop_surely_missing_pkg\ndef needs_pkg(x):\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap_err();
+    assert_eq!(op.kind(), ErrorKind::Source);
+    let text = op.to_string();
+    assert!(
+        text.contains("No module named 'pyop_surely_missing_pkg'"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pip install pyop_surely_missing_pkg"),
+        "{text}"
+    );
+}
