@@ -64,6 +64,8 @@ pub struct OutDecl {
     pub numpy_ok: bool,
     /// `None` = any shape; entries `None` = any size.
     pub shape: Option<Vec<Option<usize>>>,
+    /// `f32[x]`: the shape of the tensor parameter `x`.
+    pub like: Option<proc_macro2::Ident>,
 }
 
 pub enum Grad {
@@ -277,10 +279,18 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         );
         return None;
     };
+    let mut like = None;
     let shape = match it.next() {
         None => None,
         Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Bracket => {
-            Some(parse_shape(cx, g.stream(), g.span())?)
+            let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+            match inner.as_slice() {
+                [TokenTree::Ident(i)] if i != "_" => {
+                    like = Some(i.clone());
+                    None
+                }
+                _ => Some(parse_shape(cx, g.stream(), g.span())?),
+            }
         }
         Some(other) => {
             cx.error_spanned_by(other, format!("malformed `tout`: expected {TOUT_FORMS}"));
@@ -299,6 +309,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         variant,
         numpy_ok,
         shape,
+        like,
     })
 }
 

@@ -103,6 +103,16 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         .iter()
         .map(|o| {
             let v = format_ident!("{}", o.variant, span = o.dtype.span());
+            if let Some(like) = &o.like {
+                // The parameter's index among those passed to Python (validated: a `&Tensor`).
+                let index = f
+                    .params
+                    .iter()
+                    .filter(|x| x.kind != ParamKind::Device)
+                    .position(|x| x.name == *like)
+                    .unwrap_or(0);
+                return quote!(#p::OutSpec::like(#p::DType::#v, #index));
+            }
             match &o.shape {
                 None => quote!(#p::OutSpec::new(#p::DType::#v)),
                 Some(dims) => {

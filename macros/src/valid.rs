@@ -86,6 +86,15 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
             _ => {}
         }
     }
+    for out in &tout.value.outputs {
+        if let Some(like) = &out.like {
+            match f.params.iter().find(|p| p.name == *like) {
+                Some(p) if p.kind == crate::ast::ParamKind::Tensor => {}
+                Some(_) => cx.error_spanned_by(like, format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one")),
+                None => cx.error_spanned_by(like, format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter")),
+            }
+        }
+    }
     if opts.numpy.is_some() {
         for out in &tout.value.outputs {
             if !out.numpy_ok {

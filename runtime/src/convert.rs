@@ -200,6 +200,11 @@ pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> Option<Bound<'_, PyAr
 /// A read-only NumPy array over the prepared tensor's memory, whose base object (a `pyop.Tensor`
 /// holding a clone of the tensor) keeps that memory alive for as long as the array lives.
 fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>> {
+    numpy_array(py, p, false)
+}
+
+/// A NumPy array over `p`'s memory, read-only unless `writable`.
+fn numpy_array<'py>(py: Python<'py>, p: &Prepared, writable: bool) -> PyResult<Bound<'py, PyAny>> {
     let t = &p.tensor;
     let descr = numpy_dtype(py, t.dtype()).expect("checked in prepare");
     let size = t.dtype().size_in_bytes() as isize;
@@ -207,8 +212,9 @@ fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>>
     let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
     let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data))?;
     // SAFETY: `data` points into the CPU storage of `t`, which the base object keeps alive; a
-    // candle storage's buffer is never reallocated. The flags leave the array read-only, so
-    // Python cannot write to memory candle believes immutable. `SetBaseObject` steals `base`.
+    // candle storage's buffer is never reallocated. Input views are read-only, so Python cannot
+    // write to memory candle believes immutable; `out` views are writable only while candle has
+    // not yet been handed the tensor (see `OutBuffers`). `SetBaseObject` steals `base`.
     unsafe {
         let arr = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -218,7 +224,11 @@ fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>>
             dims.as_ptr() as *mut npy_intp,
             strides.as_ptr() as *mut npy_intp,
             p.data as *mut c_void,
-            0,
+            if writable {
+                npyffi::NPY_ARRAY_WRITEABLE
+            } else {
+                0
+            },
             std::ptr::null_mut(),
         );
         let arr = Bound::from_owned_ptr_or_err(py, arr)?;
@@ -280,6 +290,20 @@ pub(crate) struct OutputCheck<'a> {
     pub device: &'a Device,
     /// "output" for a body's results, "gradient" for a gradient function's.
     pub what: &'a str,
+    /// The call's arguments, for outputs declared with the shape of one (`f32[x]`).
+    pub args: &'a [Arg<'a>],
+}
+
+/// The shape `spec` demands, when it is fully known before the call: declared without `_`, or
+/// that of an argument (`f32[x]`).
+pub(crate) fn known_shape(spec: &OutSpec, args: &[Arg<'_>]) -> Option<Vec<usize>> {
+    if let Some(i) = spec.like {
+        return match args.get(i) {
+            Some(Arg::Tensor(t)) => Some(t.dims().to_vec()),
+            _ => None,
+        };
+    }
+    spec.shape.as_ref()?.iter().copied().collect()
 }
 
 impl OutputCheck<'_> {
@@ -404,11 +428,19 @@ pub(crate) fn value_to_tensor(
         }
         Err(msg) => return Err(check.error(Some(index), format!("{what} {index}: {msg}"))),
     };
-    if !spec.shape_matches(tensor.dims()) {
+    let shape_ok = match spec.like {
+        Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),
+        None => spec.shape_matches(tensor.dims()),
+    };
+    if !shape_ok {
+        let want = match (spec.like, known_shape(spec, check.args)) {
+            (Some(i), Some(dims)) => format!("{dims:?} (the shape of argument {i})"),
+            _ => spec.to_string(),
+        };
         return Err(check.error(
             Some(index),
             format!(
-                "{what} {index}: expected shape {spec}, got shape {:?}",
+                "{what} {index}: expected shape {want}, got shape {:?}",
                 tensor.dims()
             ),
         ));
@@ -805,5 +837,93 @@ impl Prepared {
             tensor: self.tensor.detach(),
             data: self.data,
         }
+    }
+}
+
+/// Fresh candle tensors handed to a body as writable NumPy arrays through its `out` keyword, so a
+/// numpy-mode body writes its outputs straight into candle memory (`np.add(x, 1, out=out)`).
+pub(crate) struct OutBuffers<'py> {
+    tensors: Vec<Tensor>,
+    bases: Vec<Bound<'py, PyTensor>>,
+    /// What the body gets as `out`: one array, or a tuple of them for several outputs.
+    pub arg: Bound<'py, PyAny>,
+}
+
+/// Allocates the outputs of `tout` with the shapes `shapes` (on the CPU) and their views.
+pub(crate) fn out_buffers<'py>(
+    py: Python<'py>,
+    tout: &[OutSpec],
+    shapes: Vec<Vec<usize>>,
+) -> Result<OutBuffers<'py>> {
+    let mut tensors = Vec::with_capacity(tout.len());
+    let mut bases = Vec::with_capacity(tout.len());
+    let mut views = Vec::with_capacity(tout.len());
+    for (spec, dims) in tout.iter().zip(shapes) {
+        let t = Tensor::zeros(dims, spec.dtype, &Device::Cpu)?;
+        let data = {
+            let (storage, layout) = t.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                unreachable!("made on the CPU")
+            };
+            element_ptr(cpu, layout.start_offset())
+        };
+        let prepared = Prepared {
+            tensor: t.clone(),
+            data,
+        };
+        let view =
+            numpy_array(py, &prepared, true).map_err(|e| crate::python::python_error(py, "", e))?;
+        // SAFETY: the view was made just above with a `PyTensor` base.
+        let base = unsafe {
+            let base = (*view.as_ptr().cast::<npyffi::PyArrayObject>()).fields.base;
+            Bound::from_borrowed_ptr(py, base).cast_into_unchecked::<PyTensor>()
+        };
+        tensors.push(t);
+        bases.push(base);
+        views.push(view);
+    }
+    let arg = match views.len() {
+        1 => views.pop().expect("one"),
+        _ => PyTuple::new(py, views)
+            .map_err(|e| crate::python::python_error(py, "", e))?
+            .into_any(),
+    };
+    Ok(OutBuffers {
+        tensors,
+        bases,
+        arg,
+    })
+}
+
+impl OutBuffers<'_> {
+    /// The outputs, once the body has returned `None` or `out` itself. A tensor whose memory a
+    /// Python object still references (the body kept `out` or a view of it) is copied, so Python
+    /// can never write to memory candle holds.
+    pub(crate) fn finish(
+        self,
+        check: &OutputCheck<'_>,
+        returned: Bound<'_, PyAny>,
+    ) -> Result<Vec<Tensor>> {
+        if !(returned.is_none() || returned.is(&self.arg)) {
+            return Err(check.error(
+                None,
+                format!(
+                    "a body given `out` writes its outputs into it and returns None (or `out`), got {}",
+                    describe_value(&returned)
+                ),
+            ));
+        }
+        drop(returned);
+        drop(self.arg);
+        self.tensors
+            .into_iter()
+            .zip(self.bases)
+            .map(|(t, base)| {
+                // SAFETY: reading the reference count of a live object.
+                let shared = unsafe { pyo3::ffi::Py_REFCNT(base.as_ptr()) } > 1;
+                drop(base);
+                Ok(if shared { t.copy()? } else { t }.to_device(check.device)?)
+            })
+            .collect()
     }
 }

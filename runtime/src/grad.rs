@@ -527,6 +527,7 @@ impl Node {
                         tout: std::slice::from_ref(&spec),
                         device,
                         what: "gradient",
+                        args: &[],
                     };
                     out.push(Some(convert::value_to_tensor(
                         py, &check, flat_index, &spec, &item,

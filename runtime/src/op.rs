@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::convert::{self, Arg, OutputCheck};
 use crate::error::{bail, Error, ErrorKind, Result};
@@ -37,6 +38,8 @@ pub(crate) struct OpInner {
     pub body: Py<PyAny>,
     pub gradient: Option<Gradient>,
     pub timeout: Option<Duration>,
+    /// Whether the body takes an `out` keyword (numpy mode): see `convert::OutBuffers`.
+    accepts_out: bool,
     /// Set when hot reload watches the body's files.
     reload: Option<crate::reload::Reload>,
     function: String,
@@ -149,15 +152,39 @@ impl PyOp {
             }
             let py_args = convert::python_args(py, op.mode, args, &prepared)
                 .map_err(|e| python::python_error(py, &op.name, e))?;
-            let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
-                op.body_now(py).call1(py_args)
-            })?;
             let check = OutputCheck {
                 op: &op.name,
                 tout: &op.tout,
                 device: &device,
                 what: "output",
+                args,
             };
+            // A numpy-mode body that takes `out` writes into candle memory when every output's
+            // shape is known before the call.
+            let shapes = if op.accepts_out && !op.tout.is_empty() {
+                op.tout
+                    .iter()
+                    .map(|o| convert::known_shape(o, args))
+                    .collect::<Option<Vec<_>>>()
+            } else {
+                None
+            };
+            if let Some(shapes) = shapes {
+                let out =
+                    convert::out_buffers(py, &op.tout, shapes).map_err(|e| e.with_op(&op.name))?;
+                let kwargs = PyDict::new(py);
+                kwargs
+                    .set_item(pyo3::intern!(py, "out"), &out.arg)
+                    .map_err(|e| python::python_error(py, &op.name, e))?;
+                let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
+                    op.body_now(py).call(py_args, Some(&kwargs))
+                })?;
+                drop(kwargs);
+                return out.finish(&check, returned);
+            }
+            let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
+                op.body_now(py).call1(py_args)
+            })?;
             convert::outputs_from_python(py, &check, &returned)
         });
         let (outputs, waited) = match result {
@@ -175,6 +202,16 @@ impl PyOp {
             Ok(outputs)
         }
     }
+}
+
+/// Whether `f` has a parameter named `out` (a builtin without a signature has not).
+fn takes_out(f: &Bound<'_, PyAny>) -> bool {
+    let py = f.py();
+    py.import("inspect")
+        .and_then(|i| i.call_method1("signature", (f,)))
+        .and_then(|sig| sig.getattr("parameters"))
+        .and_then(|params| params.contains("out"))
+        .unwrap_or(false)
 }
 
 fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> Result<Device> {
@@ -399,7 +436,7 @@ impl OpBuilder {
             Some(GradientSpec::Python(g)) => Some(g.clone()),
             _ => None,
         };
-        let (body, module, gradient, source) = with_gil(&name, |py| {
+        let (body, module, gradient, source, accepts_out) = with_gil(&name, |py| {
             let (module, body, source) = match self.body {
                 BodySpec::None => bail!(
                     &name,
@@ -444,12 +481,13 @@ impl OpBuilder {
                     ))
                 }
             };
+            let accepts_out = mode == Mode::Numpy && takes_out(body.bind(py));
             let keep = if shared {
                 None
             } else {
                 module.map(Bound::unbind)
             };
-            Ok((body, keep, gradient, source))
+            Ok((body, keep, gradient, source, accepts_out))
         })?
         .0;
         let reload = source
@@ -466,6 +504,7 @@ impl OpBuilder {
                 timeout: self.timeout,
                 counters: Counters::default(),
                 owns_lines: !shared,
+                accepts_out,
                 reload,
                 function,
                 gradient_name,

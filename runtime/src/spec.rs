@@ -36,12 +36,28 @@ impl fmt::Display for Mode {
 pub struct OutSpec {
     pub dtype: DType,
     pub shape: Option<Cow<'static, [Option<usize>]>>,
+    /// The output has the shape of the argument at this index (`tout = f32[x]`).
+    pub like: Option<usize>,
 }
 
 impl OutSpec {
     /// An output of `dtype` with any shape.
     pub const fn new(dtype: DType) -> Self {
-        Self { dtype, shape: None }
+        Self {
+            dtype,
+            shape: None,
+            like: None,
+        }
+    }
+
+    /// An output of `dtype` with the shape of the tensor argument at `arg_index` (counting every
+    /// argument passed to Python, in declaration order).
+    pub const fn like(dtype: DType, arg_index: usize) -> Self {
+        Self {
+            dtype,
+            shape: None,
+            like: Some(arg_index),
+        }
     }
 
     /// An output of `dtype` whose shape must match `shape` (`None` = any size).
@@ -49,6 +65,7 @@ impl OutSpec {
         Self {
             dtype,
             shape: Some(Cow::Borrowed(shape)),
+            like: None,
         }
     }
 
@@ -57,6 +74,7 @@ impl OutSpec {
         Self {
             dtype,
             shape: Some(Cow::Owned(shape.into())),
+            like: None,
         }
     }
 
@@ -78,6 +96,9 @@ impl OutSpec {
 impl fmt::Display for OutSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.dtype.as_str())?;
+        if let Some(i) = self.like {
+            write!(f, "[like argument {i}]")?;
+        }
         if let Some(shape) = &self.shape {
             f.write_str("[")?;
             for (i, d) in shape.iter().enumerate() {

@@ -1,6 +1,6 @@
 use pyop::{py_op, Tensor};
 
-#[py_op(code = "def f(x): return x", code = "again", numpy, tout = (f33, f32[x]), colour = "red")]
+#[py_op(code = "def f(x): return x", code = "again", numpy, tout = (f33, f32[2, n]), colour = "red")]
 async fn f(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
 
 fn main() {

@@ -1,0 +1,211 @@
+//! `cargo bench --bench summary`: one line per case, `case=<name> median_us=<number>`, the median
+//! of REPS (default 5) timed runs, with the same bodies and sizes as `../shared/bench/peers.py`
+//! (SIZES=1,1048576,16777216 by default) so the two can be put side by side as ratios.
+
+use std::time::{Duration, Instant};
+
+use pyop::candle::{DType, Device, Tensor, Var};
+use pyop::py_op;
+use pyop::pyo3::prelude::*;
+
+#[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]
+fn numpy_ident(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import numpy as np\ndef plus1(x, out=None):\n    return np.add(x, np.float32(1), out=out)", name = "plus1", numpy, tout = f32[x])]
+fn numpy_plus1(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def ident(x):\n    return x", name = "ident", tout = f32)]
+fn tensor_ident(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def plus1(x):\n    return x + 1", name = "plus1", tout = f32)]
+fn tensor_plus1(x: &Tensor) -> pyop::Result<Tensor>;
+
+const SQUARE: &str = "def square(x):\n    return x * x\n\ndef square_grad(inputs, outputs, grads):\n    return grads[0] * 2 * inputs[0]\n";
+
+#[py_op(code = "def square(x):\n    return x * x\n\ndef square_grad(inputs, outputs, grads):\n    return grads[0] * 2 * inputs[0]\n", numpy, tout = f32, grad = "square_grad")]
+fn square(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import numpy as np\ndef reduce(x):\n    return np.float32(x.sum())", numpy, tout = f32)]
+fn reduce(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn reps() -> usize {
+    std::env::var("REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+fn sizes() -> Vec<usize> {
+    std::env::var("SIZES")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().parse().expect("SIZES"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 1 << 20, 1 << 24])
+}
+
+fn calls_for(size: usize) -> usize {
+    if size <= 1 {
+        2000
+    } else if size <= 1 << 20 {
+        50
+    } else {
+        10
+    }
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn report(case: &str, per_call: Duration) {
+    println!("case={case} median_us={:.3}", per_call.as_secs_f64() * 1e6);
+}
+
+/// Median per-call time of `n` chained calls `a = f(a)`.
+fn chained(n: usize, x: &Tensor, f: fn(&Tensor) -> pyop::Result<Tensor>) -> Duration {
+    for _ in 0..3 {
+        f(x).unwrap();
+    }
+    median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                let mut a = x.clone();
+                for _ in 0..n {
+                    a = f(&a).unwrap();
+                }
+                t.elapsed() / n as u32
+            })
+            .collect(),
+    )
+}
+
+/// The plain Python `x + 1` body on a NumPy array, chained in a Python loop, in this process.
+fn python_plus1(size: usize, n: usize) -> Duration {
+    Python::attach(|py| {
+        let code = format!(
+            "import numpy as np, time\n\
+             def plus1(x):\n    return x + np.float32(1)\n\
+             xs = np.zeros({size}, np.float32)\n\
+             def run():\n    a = xs\n    t = time.perf_counter()\n    for _ in range({n}):\n        a = plus1(a)\n    return (time.perf_counter() - t) / {n}\n\
+             run()\n\
+             times = sorted(run() for _ in range({reps}))\n\
+             result = times[len(times) // 2]\n",
+            reps = reps()
+        );
+        let globals = pyo3::types::PyDict::new(py);
+        py.run(&std::ffi::CString::new(code).unwrap(), Some(&globals), None)
+            .unwrap();
+        Duration::from_secs_f64(
+            globals
+                .get_item("result")
+                .unwrap()
+                .unwrap()
+                .extract()
+                .unwrap(),
+        )
+    })
+}
+
+fn pygrad_body(n: usize) -> Duration {
+    Python::attach(|py| {
+        let code = format!(
+            "import numpy as np, time\n{SQUARE}\
+             x = np.array(1.5, np.float32); y = square(x); g = np.array(1.0, np.float32)\n\
+             def run():\n    t = time.perf_counter()\n    for _ in range({n}):\n        square_grad((x,), (y,), (g,))\n    return (time.perf_counter() - t) / {n}\n\
+             run()\n\
+             times = sorted(run() for _ in range({reps}))\n\
+             result = times[len(times) // 2]\n",
+            reps = reps()
+        );
+        let globals = pyo3::types::PyDict::new(py);
+        py.run(&std::ffi::CString::new(code).unwrap(), Some(&globals), None)
+            .unwrap();
+        Duration::from_secs_f64(
+            globals
+                .get_item("result")
+                .unwrap()
+                .unwrap()
+                .extract()
+                .unwrap(),
+        )
+    })
+}
+
+fn backward_pygrad(n: usize) -> Duration {
+    let x = Var::new(1.5f32, &Device::Cpu).unwrap();
+    let step = || {
+        let y = square(x.as_tensor()).unwrap();
+        let g = y.backward().unwrap();
+        assert_eq!(g.get(&x).unwrap().to_scalar::<f32>().unwrap(), 3.0);
+    };
+    for _ in 0..10 {
+        step();
+    }
+    median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    step();
+                }
+                t.elapsed() / n as u32
+            })
+            .collect(),
+    )
+}
+
+/// Time per call, as seen by total throughput, with `threads` Rust threads calling `reduce`.
+fn threads_call(threads: usize, calls: usize) -> Duration {
+    let x = Tensor::ones(4 << 20, DType::F32, &Device::Cpu).unwrap();
+    reduce(&x).unwrap();
+    median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            for _ in 0..calls {
+                                reduce(&x).unwrap();
+                            }
+                        });
+                    }
+                });
+                t.elapsed() / (threads * calls) as u32
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag: keep
+    // that run short.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let sizes = if quick { vec![1, 1024] } else { sizes() };
+    for &size in &sizes {
+        let n = if quick { 5 } else { calls_for(size) };
+        let x = Tensor::zeros(size, DType::F32, &Device::Cpu).unwrap();
+        report(&format!("numpy_ident_{size}"), chained(n, &x, numpy_ident));
+        report(&format!("numpy_plus1_{size}"), chained(n, &x, numpy_plus1));
+        report(
+            &format!("tensor_ident_{size}"),
+            chained(n, &x, tensor_ident),
+        );
+        report(
+            &format!("tensor_plus1_{size}"),
+            chained(n, &x, tensor_plus1),
+        );
+        report(&format!("python_plus1_{size}"), python_plus1(size, n));
+    }
+    let n = if quick { 5 } else { 2000 };
+    report("backward_pygrad", backward_pygrad(n));
+    report("pygrad_body", pygrad_body(n));
+    let calls = if quick { 2 } else { 100 };
+    report("threads1_call", threads_call(1, calls));
+    report("threads2_call", threads_call(2, calls));
+}
