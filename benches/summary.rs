@@ -1,6 +1,8 @@
 //! `cargo bench --bench summary`: one line per case, `case=<name> median_us=<number>`, the median
 //! of REPS (default 5) timed runs, with the same bodies and sizes as `../shared/bench/peers.py`
 //! (SIZES=1,1048576,16777216 by default) so the two can be put side by side as ratios.
+//! `candle_plus1_N` is candle's own `x + 1` called from Rust: what tensor mode's `x + 1` body
+//! costs without pyop. `DEVICE=cuda` runs the op cases on the GPU (with `--features cuda`).
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,13 @@ fn square(x: &Tensor) -> pyop::Result<Tensor>;
 
 #[py_op(code = "import numpy as np\ndef reduce(x):\n    return np.float32(x.sum())", numpy, tout = f32)]
 fn reduce(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn device() -> Device {
+    match std::env::var("DEVICE").as_deref() {
+        Ok("cuda") => Device::new_cuda(0).expect("DEVICE=cuda needs a GPU and --features cuda"),
+        _ => Device::Cpu,
+    }
+}
 
 fn reps() -> usize {
     std::env::var("REPS")
@@ -189,7 +198,7 @@ fn main() {
     let sizes = if quick { vec![1, 1024] } else { sizes() };
     for &size in &sizes {
         let n = if quick { 5 } else { calls_for(size) };
-        let x = Tensor::zeros(size, DType::F32, &Device::Cpu).unwrap();
+        let x = Tensor::zeros(size, DType::F32, &device()).unwrap();
         report(&format!("numpy_ident_{size}"), chained(n, &x, numpy_ident));
         report(&format!("numpy_plus1_{size}"), chained(n, &x, numpy_plus1));
         report(
@@ -201,6 +210,13 @@ fn main() {
             chained(n, &x, tensor_plus1),
         );
         report(&format!("python_plus1_{size}"), python_plus1(size, n));
+        // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
+        report(
+            &format!("candle_plus1_{size}"),
+            chained(n, &x, |a| {
+                Ok(a.broadcast_add(&Tensor::new(1f32, a.device())?)?)
+            }),
+        );
     }
     let n = if quick { 5 } else { 2000 };
     report("backward_pygrad", backward_pygrad(n));

@@ -524,9 +524,8 @@ fn as_numpy_array<'py>(
     if let Ok(a) = value.cast::<PyUntypedArray>() {
         return Ok(Some(a.clone()));
     }
-    let generic = np.getattr(pyo3::intern!(py, "generic"))?;
-    if value.is_instance(&generic)? {
-        let a = np.call_method1(pyo3::intern!(py, "asarray"), (value,))?;
+    if value.is_instance(np.generic.bind(py))? {
+        let a = np.asarray.bind(py).call1((value,))?;
         return Ok(Some(a.cast_into::<PyUntypedArray>()?));
     }
     Ok(None)
@@ -602,8 +601,11 @@ fn array_to_tensor(
     let copy = move || -> candle_core::Result<Tensor> {
         macro_rules! from {
             ($t:ty) => {{
+                // SAFETY: see above.
                 let slice = unsafe { std::slice::from_raw_parts(data as *const $t, n) };
-                Tensor::from_slice(slice, shape, &Device::Cpu)
+                let mut v = crate::alloc::zeroed::<$t>(n);
+                v.copy_from_slice(slice);
+                Tensor::from_vec(v, shape, &Device::Cpu)
             }};
         }
         match dtype {
@@ -859,7 +861,7 @@ pub(crate) fn out_buffers<'py>(
     let mut bases = Vec::with_capacity(tout.len());
     let mut views = Vec::with_capacity(tout.len());
     for (spec, dims) in tout.iter().zip(shapes) {
-        let t = Tensor::zeros(dims, spec.dtype, &Device::Cpu)?;
+        let t = zeroed_tensor(spec.dtype, dims)?;
         let data = {
             let (storage, layout) = t.storage_and_layout();
             let Storage::Cpu(cpu) = &*storage else {
@@ -925,5 +927,26 @@ impl OutBuffers<'_> {
                 Ok(if shared { t.copy()? } else { t }.to_device(check.device)?)
             })
             .collect()
+    }
+}
+
+/// A zeroed CPU tensor in a buffer from `alloc::zeroed` (huge pages for large ones).
+fn zeroed_tensor(dtype: DType, dims: Vec<usize>) -> candle_core::Result<Tensor> {
+    let n = dims.iter().product();
+    macro_rules! z {
+        ($t:ty) => {
+            Tensor::from_vec(crate::alloc::zeroed::<$t>(n), dims, &Device::Cpu)
+        };
+    }
+    match dtype {
+        DType::U8 => z!(u8),
+        DType::U32 => z!(u32),
+        DType::I16 => z!(i16),
+        DType::I32 => z!(i32),
+        DType::I64 => z!(i64),
+        DType::F16 => z!(half::f16),
+        DType::F32 => z!(f32),
+        DType::F64 => z!(f64),
+        d => Tensor::zeros(dims, d, &Device::Cpu),
     }
 }

@@ -137,13 +137,8 @@ pub(crate) fn attach(
     let mut outputs = outputs;
     let mut offset = 0;
     for j in float_out {
-        let y = &outputs[j];
-        let n = y.elem_count();
-        let tracked_y = result
-            .narrow(0, offset, n)?
-            .reshape(y.shape())?
-            .to_dtype(y.dtype())?;
-        offset += n;
+        let tracked_y = unpack(&result, offset, &outputs[j])?;
+        offset += outputs[j].elem_count();
         outputs[j] = tracked_y;
     }
     Ok(outputs)
@@ -151,13 +146,45 @@ pub(crate) fn attach(
 
 /// Flattens and concatenates tensors in dtype `f` (differentiably).
 fn pack<'a>(ts: impl Iterator<Item = &'a Tensor>, f: DType) -> Result<Tensor> {
-    let flat: Vec<Tensor> = ts
-        .map(|t| t.flatten_all()?.to_dtype(f))
-        .collect::<candle_core::Result<_>>()?;
+    let flat: Vec<Tensor> = ts.map(|t| flat(t, f)).collect::<candle_core::Result<_>>()?;
     Ok(match flat.len() {
         1 => flat.into_iter().next().expect("one"),
         _ => Tensor::cat(&flat, 0)?,
     })
+}
+
+/// `t` flattened, in dtype `f`; no new tensor where it already is (the common one-input case).
+fn flat(t: &Tensor, f: DType) -> candle_core::Result<Tensor> {
+    let t = if t.rank() == 1 {
+        t.clone()
+    } else {
+        t.flatten_all()?
+    };
+    if t.dtype() == f {
+        Ok(t)
+    } else {
+        t.to_dtype(f)
+    }
+}
+
+/// The part of the flat `packed` at `offset` with `like`'s size, shaped and typed like it.
+fn unpack(packed: &Tensor, offset: usize, like: &Tensor) -> candle_core::Result<Tensor> {
+    let n = like.elem_count();
+    let t = if offset == 0 && n == packed.elem_count() {
+        packed.clone()
+    } else {
+        packed.narrow(0, offset, n)?
+    };
+    let t = if t.dims() == like.dims() {
+        t
+    } else {
+        t.reshape(like.shape())?
+    };
+    if t.dtype() == like.dtype() {
+        Ok(t)
+    } else {
+        t.to_dtype(like.dtype())
+    }
 }
 
 fn cpu_storage(t: &Tensor) -> Result<CpuStorage> {
@@ -254,14 +281,8 @@ impl Node {
         let mut offset = 0;
         for (j, y) in self.outputs.iter().enumerate() {
             if self.float_out.contains(&j) {
-                let n = y.elem_count();
-                grads.push(
-                    grad_res
-                        .narrow(0, offset, n)?
-                        .reshape(y.shape())?
-                        .to_dtype(y.dtype())?,
-                );
-                offset += n;
+                grads.push(unpack(grad_res, offset, y)?);
+                offset += y.elem_count();
             } else {
                 grads.push(y.zeros_like()?);
             }
@@ -278,9 +299,7 @@ impl Node {
             let g = match &input_grads[i] {
                 Some(g) => {
                     any = true;
-                    g.to_device(grad_res.device())?
-                        .flatten_all()?
-                        .to_dtype(self.dtype)?
+                    flat(&g.to_device(grad_res.device())?, self.dtype)?
                 }
                 None => Tensor::zeros(x.elem_count(), self.dtype, grad_res.device())?,
             };
@@ -398,20 +417,11 @@ impl Node {
     fn python_gradient(&self, f: &Py<PyAny>, grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
         let op = &*self.op.inner;
         let started = Instant::now();
-        let out_prepared = python::without_gil(|| {
-            convert::prepare_inputs(
-                &op.name,
-                op.mode,
-                &self.outputs.iter().map(Arg::Tensor).collect::<Vec<_>>(),
-            )
-        })?;
-        let grad_prepared = python::without_gil(|| {
-            convert::prepare_inputs(
-                &op.name,
-                op.mode,
-                &grads.iter().map(Arg::Tensor).collect::<Vec<_>>(),
-            )
-        })?;
+        // Outputs and incoming gradients, prepared for Python in one go.
+        let both: Vec<Arg<'_>> = self.outputs.iter().chain(grads).map(Arg::Tensor).collect();
+        let mut out_prepared =
+            python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &both))?;
+        let grad_prepared = out_prepared.split_off(self.outputs.len());
         let lists = self.tensor_lists();
         let args = self.args_with_lists(&lists);
         let device = self

@@ -2,6 +2,7 @@
 //! whose bodies are Python functions. Users depend on the `pyop` facade crate, which re-exports
 //! this crate's API and the `#[py_op]` macro.
 
+mod alloc;
 mod convert;
 mod decl;
 mod error;

@@ -1283,12 +1283,32 @@ pub(crate) fn is_timeout(py: Python<'_>, err: &PyErr) -> bool {
     err.is_instance_of::<OpTimeout>(py)
 }
 
-/// NumPy's module if something already imported it; tensor mode never imports NumPy itself.
-pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
+/// What the conversion layer needs of NumPy, looked up once.
+pub(crate) struct NumpyRefs {
+    /// `numpy.generic`, the type of NumPy scalars.
+    pub generic: Py<PyAny>,
+    /// `numpy.asarray`.
+    pub asarray: Py<PyAny>,
+}
+
+static NUMPY_REFS: pyo3::sync::PyOnceLock<NumpyRefs> = pyo3::sync::PyOnceLock::new();
+
+/// NumPy, if something already imported it (tensor mode never imports NumPy itself). Once it
+/// is, the answer is cached: this runs on every output conversion.
+pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<&'static NumpyRefs>> {
+    if let Some(refs) = NUMPY_REFS.get(py) {
+        return Ok(Some(refs));
+    }
     let modules = py.import("sys")?.getattr("modules")?;
-    modules
-        .call_method1("get", ("numpy",))
-        .map(|m| (!m.is_none()).then_some(m))
+    let np = modules.call_method1("get", ("numpy",))?;
+    if np.is_none() || !np.hasattr("ndarray")? {
+        return Ok(None); // absent, or still being imported
+    }
+    let refs = NumpyRefs {
+        generic: np.getattr("generic")?.unbind(),
+        asarray: np.getattr("asarray")?.unbind(),
+    };
+    Ok(Some(NUMPY_REFS.get_or_init(py, || refs)))
 }
 
 /// Module-level forms of the methods (`pyop.log(x)` as well as `x.log()`); numbers become tensors.

@@ -1,0 +1,60 @@
+//! Buffers for outputs that pyop allocates itself: zeroed without touching the memory, and on
+//! Linux advised to use transparent huge pages, as NumPy does for its own large arrays. A fresh
+//! 64 MiB buffer then costs 32 page faults on first write instead of 16,384 — the difference
+//! between a NumPy body writing into candle memory at NumPy's speed or at half of it.
+
+use std::alloc::Layout;
+
+/// Numeric types for which all-zero bytes are a valid value.
+pub(crate) trait Zeroable: Copy {}
+
+impl Zeroable for u8 {}
+impl Zeroable for u32 {}
+impl Zeroable for i16 {}
+impl Zeroable for i32 {}
+impl Zeroable for i64 {}
+impl Zeroable for half::f16 {}
+impl Zeroable for half::bf16 {}
+impl Zeroable for f32 {}
+impl Zeroable for f64 {}
+
+/// `n` zeros, allocated with the layout `Vec<T>` frees with.
+pub(crate) fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
+    let layout = Layout::array::<T>(n).expect("buffer size overflows");
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `T` (`Zeroable`); the
+    // pointer comes from the global allocator with exactly the layout `Vec<T>` with capacity `n`
+    // deallocates with, and holds `n` initialised elements.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout);
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        advise_huge_pages(ptr, layout.size());
+        Vec::from_raw_parts(ptr.cast::<T>(), n, n)
+    }
+}
+
+/// Below this, huge pages do not pay.
+const HUGE_FROM: usize = 4 << 20;
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    if len < HUGE_FROM {
+        return;
+    }
+    const PAGE: usize = 4096;
+    let start = (ptr as usize).div_ceil(PAGE) * PAGE;
+    let end = (ptr as usize + len) / PAGE * PAGE;
+    if end > start {
+        // SAFETY: the range lies inside the allocation just made; madvise only gives a hint.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_: *mut u8, _: usize) {}

@@ -1,0 +1,50 @@
+"""Turns `cargo bench --bench summary` and peers.py output into the README's markdown table."""
+import re
+import sys
+
+pyop = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"case=(\S+) median_us=([\d.]+)", line)
+    if m:
+        pyop[m.group(1)] = float(m.group(2))
+
+peers = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"\s*(\d+) f32\s+(\w+)\s+(.+?)\s+([\d.]+) us/call", line)
+    if m:
+        size, body, system, us = int(m.group(1)), m.group(2), m.group(3).strip(), float(m.group(4))
+        peers[(size, body, system)] = us
+
+systems = ["tf.numpy_function in tf.function", "tf.py_function in tf.function", "tf.py_function eager",
+           "jax.pure_callback in jit"]
+sizes = sorted({k[0] for k in peers} | {int(k.rsplit("_", 1)[1]) for k in pyop if k.rsplit("_", 1)[-1].isdigit()})
+
+
+def fmt(us):
+    return f"{us:,.2f} µs" if us < 1000 else f"{us / 1000:,.2f} ms"
+
+
+print("| size (f32) | body | pyop numpy | pyop tensor | plain Python / candle | " + " | ".join(systems) + " |")
+print("|---|---|---|---|---|" + "---|" * len(systems))
+for size in sizes:
+    for body in ("ident", "plus1"):
+        n, t = pyop.get(f"numpy_{body}_{size}"), pyop.get(f"tensor_{body}_{size}")
+        if n is None:
+            continue
+        plain = pyop.get(f"python_plus1_{size}") if body == "plus1" else peers.get((size, body, "plain python call"))
+        cells = []
+        for s in systems:
+            p = peers.get((size, body, s))
+            cells.append("—" if p is None else f"{fmt(p)} (**{p / n:,.0f}×**)")
+        plain_s = "—" if plain is None else fmt(plain)
+        candle = pyop.get(f"candle_plus1_{size}") if body == "plus1" else None
+        if candle is not None:
+            plain_s += f" / {fmt(candle)}"
+        print(f"| {size:,} | `{body}` | {fmt(n)} | {fmt(t)} | {plain_s} | " + " | ".join(cells) + " |")
+print()
+print("Ratios are peer time ÷ pyop numpy-mode time (higher = pyop faster).")
+for k in ("backward_pygrad", "pygrad_body", "threads1_call", "threads2_call"):
+    if k in pyop:
+        print(f"- `{k}`: {fmt(pyop[k])}")
+if "threads1_call" in pyop and "threads2_call" in pyop:
+    print(f"- 2-thread speed-up: {pyop['threads1_call'] / pyop['threads2_call']:.2f}×")
