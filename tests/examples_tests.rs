@@ -118,3 +118,33 @@ fn manifest_prints_every_op_as_json() {
     assert_eq!(ops[2]["source"]["origin"], "examples/ops/stats.py");
     assert_eq!(ops[0]["grad"]["kind"], "python");
 }
+
+#[test]
+fn gpu_example_runs_on_whatever_device_there_is() {
+    let out = example("gpu");
+    assert!(
+        out.contains("y = 7.243721, dy/dx = 2.6666667 (on the op's device: true)"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "numpy-mode zscore on the device: [-1.3416407, -0.4472136, 0.4472136, 1.3416407]"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn threads_example_counts_every_call() {
+    let out = example("threads");
+    let row = |name: &str| -> Vec<String> {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(row("norm")[1..3], ["16000", "0"], "{out}");
+    assert_eq!(row("checked")[1..3], ["16000", "1000"], "{out}");
+}
