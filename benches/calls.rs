@@ -5,6 +5,7 @@ use pyop::candle::{DType, Device, Tensor, Var};
 use pyop::{py_op, Arg, OutSpec, PyOp};
 
 fn main() {
+    pyop::validate().expect("the benchmarked ops are declared right");
     divan::main();
 }
 
@@ -14,10 +15,10 @@ fn numpy_ident(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def ident(x):\n    return x", name = "ident", tout = f32)]
 fn tensor_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
-#[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]
+#[py_op(code = "def scale(x, k):\n    return x * k", name = "scale", numpy, tout = f32)]
 fn numpy_scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
 
-#[py_op(code = "def sq(x):\n    return x * x\ndef sq_grad(i, o, g):\n    return g[0] * 2 * i[0]", numpy, tout = f32, grad = "sq_grad")]
+#[py_op(code = "def sq(x):\n    return x * x\ndef sq_grad(i, o, g):\n    return g[0] * 2 * i[0]", name = "sq", numpy, tout = f32, grad = "sq_grad")]
 fn square(x: &Tensor) -> pyop::Result<Tensor>;
 
 fn scalar() -> Tensor {

@@ -192,6 +192,7 @@ fn threads_call(threads: usize, calls: usize) -> Duration {
 }
 
 fn main() {
+    pyop::validate().expect("the benchmarked ops are declared right");
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag: keep
     // that run short.
     let quick = !std::env::args().any(|a| a == "--bench");

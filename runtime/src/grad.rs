@@ -117,8 +117,9 @@ pub(crate) fn attach(
 
     let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
     let packed_out = pack(float_out.iter().map(|&j| &outputs[j]), f)?.detach();
+    let out_shape = packed_out.shape().clone();
     let slot = if packed_out.device().is_cpu() {
-        Slot::Cpu(Mutex::new(Some(cpu_storage(&packed_out)?)))
+        Slot::Cpu(Mutex::new(Some(cpu_storage(&packed_out.flatten_all()?)?)))
     } else {
         Slot::Device(packed_out)
     };
@@ -131,6 +132,8 @@ pub(crate) fn attach(
         tracked_in,
         float_out: float_out.clone(),
         dtype: f,
+        in_shape: packed_in.shape().clone(),
+        out_shape,
         slot,
     };
     let result = packed_in.apply_op1(node)?;
@@ -144,13 +147,19 @@ pub(crate) fn attach(
     Ok(outputs)
 }
 
-/// Flattens and concatenates tensors in dtype `f` (differentiably).
-fn pack<'a>(ts: impl Iterator<Item = &'a Tensor>, f: DType) -> Result<Tensor> {
+/// Tensors as one, in dtype `f` (differentiably): a single tensor keeps its shape (no reshape
+/// nodes in the common one-input, one-output case); several are flattened and concatenated.
+fn pack<'a>(ts: impl ExactSizeIterator<Item = &'a Tensor>, f: DType) -> Result<Tensor> {
+    if ts.len() == 1 {
+        let t = ts.into_iter().next().expect("one");
+        return Ok(if t.dtype() == f {
+            t.clone()
+        } else {
+            t.to_dtype(f)?
+        });
+    }
     let flat: Vec<Tensor> = ts.map(|t| flat(t, f)).collect::<candle_core::Result<_>>()?;
-    Ok(match flat.len() {
-        1 => flat.into_iter().next().expect("one"),
-        _ => Tensor::cat(&flat, 0)?,
-    })
+    Ok(Tensor::cat(&flat, 0)?)
 }
 
 /// `t` flattened, in dtype `f`; no new tensor where it already is (the common one-input case).
@@ -209,6 +218,9 @@ struct Node {
     tracked_in: Vec<usize>,
     float_out: Vec<usize>,
     dtype: DType,
+    /// The shapes of the packed input and output.
+    in_shape: Shape,
+    out_shape: Shape,
     slot: Slot,
 }
 
@@ -225,13 +237,8 @@ impl CustomOp1 for Node {
         let Some(storage) = storage else {
             candle_core::bail!("pyop: op `{}` forward ran twice", self.op.name())
         };
-        let n = self
-            .float_out
-            .iter()
-            .map(|&j| self.outputs[j].elem_count())
-            .sum::<usize>();
         let _ = layout;
-        Ok((storage, Shape::from(n)))
+        Ok((storage, self.out_shape.clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -292,6 +299,7 @@ impl Node {
             Gradient::Python(f) => self.python_gradient(f, &grads)?,
         };
         // Pack the tracked inputs' gradients like `packed_in`.
+        let device = grad_res.device();
         let mut parts = Vec::with_capacity(self.tracked_in.len());
         let mut any = false;
         for &i in &self.tracked_in {
@@ -299,18 +307,37 @@ impl Node {
             let g = match &input_grads[i] {
                 Some(g) => {
                     any = true;
-                    flat(&g.to_device(grad_res.device())?, self.dtype)?
+                    let g = g.to_device(device)?;
+                    if g.dtype() == self.dtype {
+                        g
+                    } else {
+                        g.to_dtype(self.dtype)?
+                    }
                 }
-                None => Tensor::zeros(x.elem_count(), self.dtype, grad_res.device())?,
+                None => Tensor::zeros(x.shape(), self.dtype, device)?,
             };
             parts.push(g);
         }
         if !any {
             return Ok(None);
         }
+        // Shaped like `packed_in`: the one input's shape, or flat and concatenated.
         Ok(Some(match parts.len() {
-            1 => parts.pop().expect("one"),
-            _ => Tensor::cat(&parts, 0)?,
+            1 => {
+                let g = parts.pop().expect("one");
+                if g.shape() == &self.in_shape {
+                    g
+                } else {
+                    g.reshape(self.in_shape.clone())?
+                }
+            }
+            _ => {
+                let flat: Vec<Tensor> = parts
+                    .iter()
+                    .map(|g| g.flatten_all())
+                    .collect::<candle_core::Result<_>>()?;
+                Tensor::cat(&flat, 0)?
+            }
         }))
     }
 
