@@ -685,3 +685,17 @@ fn ops_run_from_many_threads() {
         h.join().unwrap();
     }
 }
+
+/// A crate that re-exports pyop points the generated code at its re-export with `crate = ...`.
+mod reexport {
+    pub use pyop as inner;
+}
+
+#[py_op(crate = "crate::reexport::inner", code = "def through(x):\n    return x + 1", numpy, tout = f64)]
+fn through(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn the_crate_option_points_at_a_reexport() {
+    let x = Tensor::new(&[1f64], &cpu()).unwrap();
+    assert_eq!(through(&x).unwrap().to_vec1::<f64>().unwrap(), [2.0]);
+}
