@@ -329,6 +329,9 @@ fn outputs_follow_one_rule_table() {
         f32s(),
     );
     assert_eq!(s[0].to_vec1::<f32>().unwrap(), [0., 3., 6., 9.]);
+    // An unaligned array (NumPy allows them) is copied byte-wise, correctly.
+    let u = ok("def f(x): return np.frombuffer(b'\\0' + np.arange(4, dtype=np.float32).tobytes(), np.float32, offset=1)", f32s());
+    assert_eq!(u[0].to_vec1::<f32>().unwrap(), [0., 1., 2., 3.]);
     // Shapes with `_` match any size.
     let shaped = vec![OutSpec::shaped(DType::F32, [None, Some(2)])];
     assert_eq!(
@@ -383,6 +386,7 @@ fn wrong_outputs_are_errors_naming_op_and_index() {
         ("def f(x): return 0.5", i64s.clone(), Some(0), "the float 0.5 does not fit dtype i64 exactly"),
         ("def f(x): return 256", u8s.clone(), Some(0), "the int 256 does not fit dtype u8 exactly"),
         ("def f(x): return -1", u8s, Some(0), "the int -1 does not fit dtype u8 exactly"),
+        ("def f(x): return -1e19", i64s.clone(), Some(0), "the float -1e19 does not fit dtype i64 exactly"),
         ("def f(x): return 2**70", i64s.clone(), Some(0), "does not fit any tensor dtype"),
         ("def f(x): return [[1, 2], [3]]", i64s.clone(), Some(0), "ragged nested list"),
         ("def f(x): return [1, 'a']", i64s, Some(0), "expected numbers, got a value of type `str`"),
@@ -698,4 +702,33 @@ fn through(x: &Tensor) -> pyop::Result<Tensor>;
 fn the_crate_option_points_at_a_reexport() {
     let x = Tensor::new(&[1f64], &cpu()).unwrap();
     assert_eq!(through(&x).unwrap().to_vec1::<f64>().unwrap(), [2.0]);
+}
+
+#[py_op(file = "tests/py/kept.py", name = "fill", numpy, tout = f32[x])]
+fn fill_f(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/kept.py", name = "give_back", numpy, tout = f32)]
+fn give_back_f(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/kept.py", name = "scribble", numpy, tout = ())]
+fn scribble_f(x: &Tensor) -> pyop::Result<()>;
+
+#[test]
+fn python_never_keeps_writable_candle_memory() {
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let filled = fill_f(&x).unwrap();
+    assert_eq!(filled.to_vec1::<f32>().unwrap(), [2., 3.]);
+    let back = give_back_f(&x).unwrap();
+    assert_eq!(back.to_vec1::<f32>().unwrap(), [2., 3.]);
+    scribble_f(&x).unwrap(); // writes -7 into the `out` the body kept
+    assert_eq!(
+        filled.to_vec1::<f32>().unwrap(),
+        [2., 3.],
+        "`out` was kept, so the output was copied"
+    );
+    assert_eq!(
+        back.to_vec1::<f32>().unwrap(),
+        [2., 3.],
+        "a kept `out` handed back is copied too"
+    );
 }

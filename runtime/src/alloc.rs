@@ -37,6 +37,29 @@ pub(crate) fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
     }
 }
 
+/// A `Vec` of `n` elements copied from `n * size_of::<T>()` bytes at `src`, which need not be
+/// aligned. The buffer gets the same huge-page advice as [`zeroed`] and is written once.
+///
+/// # Safety
+/// `src` must be readable for `n * size_of::<T>()` bytes.
+pub(crate) unsafe fn copied_from_bytes<T: Zeroable>(src: *const u8, n: usize) -> Vec<T> {
+    let layout = Layout::array::<T>(n).expect("buffer size overflows");
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: a non-zero layout; the copy initialises all `n` elements (any bytes are a valid
+    // plain number) before `from_raw_parts` claims them, with the layout `Vec<T>` frees with.
+    unsafe {
+        let ptr = std::alloc::alloc(layout);
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        advise_huge_pages(ptr, layout.size());
+        std::ptr::copy_nonoverlapping(src, ptr, layout.size());
+        Vec::from_raw_parts(ptr.cast::<T>(), n, n)
+    }
+}
+
 /// Below this, huge pages do not pay.
 const HUGE_FROM: usize = 4 << 20;
 

@@ -124,8 +124,13 @@ pub(crate) fn prepare_inputs(op: &str, mode: Mode, args: &[Arg<'_>]) -> Result<V
 fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
-    // is differentiable, so gradients still reach the Var.
-    let t = if t.is_variable() {
+    // is differentiable, so gradients still reach the Var. NumPy reads without any lock, so in
+    // numpy mode every tracked input is snapshotted too: it may be a view of a Var (`narrow`,
+    // `t()`, `reshape`), which shares the Var's storage. On another device, the move to the host
+    // below is the snapshot.
+    let on_cpu = t.device().is_cpu();
+    let snapshot = t.is_variable() || (mode == Mode::Numpy && t.track_op());
+    let t = if snapshot && (on_cpu || mode == Mode::Tensor) {
         t.copy()?
     } else {
         t.clone()
@@ -210,7 +215,7 @@ fn numpy_array<'py>(py: Python<'py>, p: &Prepared, writable: bool) -> PyResult<B
     let size = t.dtype().size_in_bytes() as isize;
     let dims: Vec<npy_intp> = t.dims().iter().map(|&d| d as npy_intp).collect();
     let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
-    let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data))?;
+    let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data, writable))?;
     // SAFETY: `data` points into the CPU storage of `t`, which the base object keeps alive; a
     // candle storage's buffer is never reallocated. Input views are read-only, so Python cannot
     // write to memory candle believes immutable; `out` views are writable only while candle has
@@ -241,12 +246,20 @@ fn numpy_array<'py>(py: Python<'py>, p: &Prepared, writable: bool) -> PyResult<B
     }
 }
 
+/// How `&[Tensor]` arguments reach Python: a list for the body, a tuple for a gradient.
+#[derive(Clone, Copy)]
+pub(crate) enum Lists {
+    AsLists,
+    AsTuples,
+}
+
 /// The Python positional arguments of a call: every argument in declaration order.
 pub(crate) fn python_args<'py>(
     py: Python<'py>,
     mode: Mode,
     args: &[Arg<'_>],
     prepared: &[Prepared],
+    lists: Lists,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let mut next = prepared.iter();
     let mut tensor = |py: Python<'py>| -> PyResult<Bound<'py, PyAny>> {
@@ -261,11 +274,14 @@ pub(crate) fn python_args<'py>(
         items.push(match arg {
             Arg::Tensor(_) => tensor(py)?,
             Arg::Tensors(ts) => {
-                let list = PyList::empty(py);
-                for _ in ts.iter() {
-                    list.append(tensor(py)?)?;
+                let items = ts
+                    .iter()
+                    .map(|_| tensor(py))
+                    .collect::<PyResult<Vec<_>>>()?;
+                match lists {
+                    Lists::AsLists => PyList::new(py, items)?.into_any(),
+                    Lists::AsTuples => PyTuple::new(py, items)?.into_any(),
                 }
-                list.into_any()
             }
             Arg::F64(v) => PyFloat::new(py, *v).into_any(),
             Arg::I64(v) => v.into_pyobject(py)?.into_any(),
@@ -585,7 +601,7 @@ fn array_to_tensor(
     }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
     // (Fortran-ordered, strided) array is made contiguous by NumPy first.
-    let contiguous = if array.is_c_contiguous() && array.is_aligned() {
+    let contiguous = if array.is_c_contiguous() {
         array.clone()
     } else {
         py.import("numpy")
@@ -594,17 +610,16 @@ fn array_to_tensor(
             .map_err(|e| crate::python::describe(py, &e))?
     };
     let n: usize = dims.iter().product();
-    // SAFETY: the array is C-contiguous and aligned, of `n` elements of the dtype checked above,
-    // and `contiguous` keeps it alive while we copy.
+    // The array is C-contiguous, of `n` elements of the dtype checked above, and `contiguous`
+    // keeps it alive while we copy. It may be unaligned (np.frombuffer at an odd offset), so it
+    // is copied as bytes, never read through a typed slice.
     let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
     let shape = Shape::from(dims);
     let copy = move || -> candle_core::Result<Tensor> {
         macro_rules! from {
             ($t:ty) => {{
-                // SAFETY: see above.
-                let slice = unsafe { std::slice::from_raw_parts(data as *const $t, n) };
-                let mut v = crate::alloc::zeroed::<$t>(n);
-                v.copy_from_slice(slice);
+                // SAFETY: `n` elements of `$t` (plain numbers) are readable as bytes at `data`.
+                let v = unsafe { crate::alloc::copied_from_bytes::<$t>(data as *const u8, n) };
                 Tensor::from_vec(v, shape, &Device::Cpu)
             }};
         }
@@ -629,6 +644,12 @@ fn array_to_tensor(
     t.map_err(|e| e.to_string())
 }
 
+/// Whether Python may write through `array`.
+fn writeable(array: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: reading the flags of a live array object.
+    unsafe { (*array.as_array_ptr()).fields.flags & npyffi::NPY_ARRAY_WRITEABLE != 0 }
+}
+
 /// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
 fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
     // SAFETY: reading the fields of a live array object.
@@ -642,6 +663,13 @@ fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
     let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
     let owner = base.cast::<PyTensor>().ok()?.get();
     let t = owner.tensor();
+    // Only read-only views of inputs: an `out` buffer a body kept is Python's to write.
+    if owner.writable() || writeable(array) {
+        return None;
+    }
+    if candle_dtype(&array.dtype()) != Some(t.dtype()) {
+        return None;
+    }
     let size = t.dtype().size_in_bytes() as isize;
     let same = owner.view_data() == Some(data)
         && t.dims() == array.shape()
@@ -750,7 +778,7 @@ impl Buffer {
     }
 
     pub(crate) fn push(&mut self, s: Scalar) -> std::result::Result<(), String> {
-        fn int<T: TryFrom<i64> + TryFrom<u64>>(
+        fn int<T: TryFrom<i64> + TryFrom<u64> + TryFrom<i128>>(
             s: Scalar,
             name: &str,
         ) -> std::result::Result<T, String> {
@@ -760,12 +788,10 @@ impl Buffer {
                 Scalar::Int(i) => T::try_from(i).map_err(|_| bad()),
                 Scalar::UInt(u) => T::try_from(u).map_err(|_| bad()),
                 Scalar::Float(f) => {
-                    if f.fract() == 0.0 && f.is_finite() && f.abs() < 1.9e19 {
-                        if f < 0.0 {
-                            T::try_from(f as i64).map_err(|_| bad())
-                        } else {
-                            T::try_from(f as u64).map_err(|_| bad())
-                        }
+                    // Integral and well inside i128, so `as` is exact; the target type's range
+                    // is then checked exactly (no saturation at i64::MIN or u64::MAX).
+                    if f.fract() == 0.0 && f.is_finite() && f.abs() < 1e30 {
+                        T::try_from(f as i128).map_err(|_| bad())
                     } else {
                         Err(bad())
                     }

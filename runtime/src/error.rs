@@ -185,6 +185,17 @@ impl Error {
         self
     }
 
+    /// Says which op a candle error on its call path came from (a bare `Error::Candle` would
+    /// not), keeping candle's message.
+    pub(crate) fn in_op(self, name: &str) -> Self {
+        match self {
+            Error::Candle(e) => {
+                Error::op_failure(name, ErrorKind::Candle, crate::tensor::candle_message(&e))
+            }
+            e => e,
+        }
+    }
+
     /// Names the op, if the error was made before the op was known.
     pub(crate) fn with_op_if_empty(self, name: &str) -> Self {
         if self.op().is_some_and(str::is_empty) {
@@ -231,7 +242,14 @@ impl From<candle_core::Error> for Error {
                     }
                 }
             }
-            candle_core::Error::WithBacktrace { inner, .. } => Error::from(*inner),
+            candle_core::Error::WithBacktrace { inner, backtrace } => match Error::from(*inner) {
+                // A plain candle error keeps its backtrace; a pyop error inside is unwrapped.
+                Error::Candle(inner) => Error::Candle(candle_core::Error::WithBacktrace {
+                    inner: Box::new(inner),
+                    backtrace,
+                }),
+                e => e,
+            },
             candle_core::Error::Context { inner, context } => match Error::from(*inner) {
                 Error::Candle(inner) => Error::Candle(candle_core::Error::Context {
                     inner: Box::new(inner),

@@ -458,14 +458,17 @@ impl Node {
             .unwrap_or(candle_core::Device::Cpu);
         let result = with_gil(&op.name, |py| {
             let _device = crate::tensor::DeviceScope::enter(&device);
-            let inputs = convert::python_args(py, op.mode, &args, &self.prepared)
-                .map_err(|e| python::python_error(py, &op.name, e))?;
+            let inputs =
+                convert::python_args(py, op.mode, &args, &self.prepared, convert::Lists::AsTuples)
+                    .map_err(|e| python::python_error(py, &op.name, e))?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
-            let outputs = convert::python_args(py, op.mode, &outs, &out_prepared)
-                .map_err(|e| python::python_error(py, &op.name, e))?;
+            let outputs =
+                convert::python_args(py, op.mode, &outs, &out_prepared, convert::Lists::AsTuples)
+                    .map_err(|e| python::python_error(py, &op.name, e))?;
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
-            let grads = convert::python_args(py, op.mode, &gs, &grad_prepared)
-                .map_err(|e| python::python_error(py, &op.name, e))?;
+            let grads =
+                convert::python_args(py, op.mode, &gs, &grad_prepared, convert::Lists::AsTuples)
+                    .map_err(|e| python::python_error(py, &op.name, e))?;
             let f = op.python_gradient_now(py, f);
             let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || {
                 f.call1((inputs, outputs, grads))

@@ -122,7 +122,8 @@ impl PyOp {
     /// Calls the op with per-call options.
     pub fn call_with(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
         let op = &*self.inner;
-        let device = output_device(op, args, options.device)?;
+        let device = output_device(op, args, options.device)
+            .inspect_err(|_| op.counters.record(false, Duration::ZERO, Duration::ZERO))?;
         let span = tracing::trace_span!(
             "pyop.call",
             op = %op.name,
@@ -134,7 +135,8 @@ impl PyOp {
         // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
         let needs_node =
             (op.mode == Mode::Numpy || op.gradient.is_some()) && grad::any_tracked(args);
-        let prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, args));
+        let prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, args))
+            .map_err(|e| e.in_op(&op.name));
         let prepared =
             prepared.inspect_err(|_| op.counters.record(false, Duration::ZERO, Duration::ZERO))?;
         let prepared = if needs_node {
@@ -150,8 +152,9 @@ impl PyOp {
             if op.mode == Mode::Numpy {
                 python::ensure_numpy(py, &op.name)?;
             }
-            let py_args = convert::python_args(py, op.mode, args, &prepared)
-                .map_err(|e| python::python_error(py, &op.name, e))?;
+            let py_args =
+                convert::python_args(py, op.mode, args, &prepared, convert::Lists::AsLists)
+                    .map_err(|e| python::python_error(py, &op.name, e))?;
             let check = OutputCheck {
                 op: &op.name,
                 tout: &op.tout,
@@ -186,7 +189,8 @@ impl PyOp {
                 op.body_now(py).call1(py_args)
             })?;
             convert::outputs_from_python(py, &check, &returned)
-        });
+        })
+        .map_err(|e| e.in_op(&op.name));
         let (outputs, waited) = match result {
             Ok((outputs, waited)) => (outputs, waited),
             Err(e) => {
@@ -197,7 +201,7 @@ impl PyOp {
         op.counters
             .record(true, started.elapsed().saturating_sub(waited), waited);
         if needs_node {
-            grad::attach(&self.inner, args, prepared, outputs)
+            grad::attach(&self.inner, args, prepared, outputs).map_err(|e| e.in_op(&op.name))
         } else {
             Ok(outputs)
         }

@@ -57,7 +57,9 @@ impl Reload {
             state: Mutex::new(State {
                 source: source.clone(),
                 last_check: Instant::now(),
-                stamp: stamp(source),
+                // Empty: the first check reads the files, so an edit made between the build and
+                // the run is picked up too (the text is compared before anything is reloaded).
+                stamp: Vec::new(),
                 body: None,
                 gradient: None,
                 error: None,
@@ -101,12 +103,20 @@ impl Reload {
         };
         if let Some(old) = changed {
             match self.load(py, op, &old, function, gradient) {
-                Ok((source, body, grad)) => {
-                    let mut st = self.lock();
-                    st.source = source;
-                    st.body = Some(body);
-                    st.gradient = grad;
-                    st.error = None;
+                Ok(None) => {}
+                Ok(Some((source, body, grad))) => {
+                    // The replaced objects are dropped after the lock is released: freeing a
+                    // Python object can run code that releases the GIL.
+                    let replaced = {
+                        let mut st = self.lock();
+                        st.error = None;
+                        (
+                            std::mem::replace(&mut st.source, source),
+                            std::mem::replace(&mut st.body, Some(body)),
+                            std::mem::replace(&mut st.gradient, grad),
+                        )
+                    };
+                    drop(replaced);
                 }
                 Err(e) => {
                     let msg = e.to_string();
@@ -135,8 +145,11 @@ impl Reload {
         old: &Source,
         function: &str,
         gradient: Option<&str>,
-    ) -> Result<(Source, Py<PyAny>, Option<Py<PyAny>>)> {
+    ) -> Result<Option<(Source, Py<PyAny>, Option<Py<PyAny>>)>> {
         let source = reread(op, old)?;
+        if same_text(&source, old) {
+            return Ok(None);
+        }
         let module = match &source {
             Source::Package { .. } => source::package_module(py, op, &source, true)?,
             _ if self.shared => source::replace_shared(py, op, &source)?,
@@ -147,7 +160,15 @@ impl Reload {
             Some(g) => Some(source::function(&module, op, g, &source, "gradient")?.unbind()),
             None => None,
         };
-        Ok((source, body, grad))
+        Ok(Some((source, body, grad)))
+    }
+}
+
+fn same_text(a: &Source, b: &Source) -> bool {
+    match (a, b) {
+        (Source::File { text: x, .. }, Source::File { text: y, .. }) => x == y,
+        (Source::Package { files: x, .. }, Source::Package { files: y, .. }) => x == y,
+        _ => false,
     }
 }
 

@@ -116,12 +116,21 @@ pub(crate) fn replace_shared<'py>(
         }
     }
     let module = load(py, op, source, true)?;
-    lock(&RELOADED)
-        .get_or_insert_with(HashMap::new)
-        .insert(key.clone(), (text, module.clone().unbind()));
-    lock(&SHARED)
-        .get_or_insert_with(HashMap::new)
-        .insert(key, module.clone().unbind());
+    // The replaced modules are dropped after the locks are released: freeing a module can run
+    // Python that releases the GIL, and another thread may then want these locks.
+    let replaced = {
+        let mut reloaded = lock(&RELOADED);
+        let mut shared = lock(&SHARED);
+        (
+            reloaded
+                .get_or_insert_with(HashMap::new)
+                .insert(key.clone(), (text, module.clone().unbind())),
+            shared
+                .get_or_insert_with(HashMap::new)
+                .insert(key, module.clone().unbind()),
+        )
+    };
+    drop(replaced);
     Ok(module)
 }
 

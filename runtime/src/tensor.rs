@@ -70,6 +70,8 @@ pub struct PyTensor {
     tensor: Tensor,
     /// For the base object of a NumPy view: the address the view starts at.
     view_data: usize,
+    /// Whether that view was handed out writable (an `out` buffer).
+    writable: bool,
 }
 
 impl PyTensor {
@@ -78,15 +80,21 @@ impl PyTensor {
         Self {
             tensor,
             view_data: 0,
+            writable: false,
         }
     }
 
     /// The base object of a NumPy view of `tensor` starting at address `data`.
-    pub(crate) fn view_base(tensor: Tensor, data: usize) -> Self {
+    pub(crate) fn view_base(tensor: Tensor, data: usize, writable: bool) -> Self {
         Self {
             tensor,
             view_data: data,
+            writable,
         }
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
     }
 
     pub(crate) fn view_data(&self) -> Option<usize> {

@@ -88,16 +88,30 @@ pub(crate) fn run_limited<'py>(
     if state.swap(DONE, Ordering::AcqRel) == FIRED {
         // SAFETY: the GIL is held; a null exception clears one still pending on this thread.
         unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(thread as _, std::ptr::null_mut()) };
-        if result
-            .as_ref()
-            .is_err_and(|e| e.is_instance_of::<crate::tensor::OpTimeout>(py))
-        {
-            return Err(Error::op_failure(
-                op,
-                ErrorKind::Timeout,
-                format!("the body ran past its time limit of {limit:?} and was interrupted"),
-            ));
+        if let Err(e) = result {
+            if !e.is_instance_of::<crate::tensor::OpTimeout>(py) {
+                return Err(python_error(py, op, e));
+            }
+            // Keep the traceback: it says where the body was when it was interrupted.
+            return Err(match python_error(py, op, e) {
+                Error::Python {
+                    op,
+                    exception,
+                    traceback,
+                    ..
+                } => Error::Python {
+                    op,
+                    kind: ErrorKind::Timeout,
+                    exception,
+                    message: format!(
+                        "the body ran past its time limit of {limit:?} and was interrupted"
+                    ),
+                    traceback,
+                },
+                other => other,
+            });
         }
+        return result.map_err(|e| python_error(py, op, e));
     }
     result.map_err(|e| python_error(py, op, e))
 }

@@ -41,6 +41,7 @@ def weighted_grad(inputs, outputs, grads):
     # One entry per tensor argument: `xs` is the only one, so its tuple of gradients may come
     # bare; `(tuple(...),)` is accepted too.
     (xs, w), (g,) = inputs, grads
+    assert isinstance(xs, tuple), "a list argument reaches the gradient as a tuple"
     return tuple(g * w for x in xs)
 
 
