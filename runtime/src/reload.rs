@@ -112,7 +112,7 @@ impl Reload {
                         st.error = None;
                         (
                             std::mem::replace(&mut st.source, source),
-                            std::mem::replace(&mut st.body, Some(body)),
+                            st.body.replace(body),
                             std::mem::replace(&mut st.gradient, grad),
                         )
                     };
