@@ -93,14 +93,13 @@ fn chained(n: usize, x: &Tensor, f: fn(&Tensor) -> pyop::Result<Tensor>) -> Dura
     )
 }
 
-/// The plain Python `x + 1` body on a NumPy array, chained in a Python loop, in this process.
-fn python_plus1(size: usize, n: usize) -> Duration {
+/// Median seconds per iteration of `body` run `n` times in a Python loop after `setup`, over
+/// REPS runs, timed in Python in this process.
+fn python_loop(setup: &str, body: &str, n: usize) -> Duration {
     Python::attach(|py| {
         let code = format!(
-            "import numpy as np, time\n\
-             def plus1(x):\n    return x + np.float32(1)\n\
-             xs = np.zeros({size}, np.float32)\n\
-             def run():\n    a = xs\n    t = time.perf_counter()\n    for _ in range({n}):\n        a = plus1(a)\n    return (time.perf_counter() - t) / {n}\n\
+            "import numpy as np, time\n{setup}\n\
+             def run():\n    a = start\n    t = time.perf_counter()\n    for _ in range({n}):\n        {body}\n    return (time.perf_counter() - t) / {n}\n\
              run()\n\
              times = sorted(run() for _ in range({reps}))\n\
              result = times[len(times) // 2]\n",
@@ -109,40 +108,25 @@ fn python_plus1(size: usize, n: usize) -> Duration {
         let globals = pyo3::types::PyDict::new(py);
         py.run(&std::ffi::CString::new(code).unwrap(), Some(&globals), None)
             .unwrap();
-        Duration::from_secs_f64(
-            globals
-                .get_item("result")
-                .unwrap()
-                .unwrap()
-                .extract()
-                .unwrap(),
-        )
+        let result = globals.get_item("result").unwrap().unwrap();
+        Duration::from_secs_f64(result.extract().unwrap())
     })
 }
 
+/// The plain Python `x + 1` body on a NumPy array, chained in a Python loop, in this process.
+fn python_plus1(size: usize, n: usize) -> Duration {
+    let setup = format!(
+        "def plus1(x):\n    return x + np.float32(1)\nstart = np.zeros({size}, np.float32)"
+    );
+    python_loop(&setup, "a = plus1(a)", n)
+}
+
+/// The registered gradient function called directly from Python.
 fn pygrad_body(n: usize) -> Duration {
-    Python::attach(|py| {
-        let code = format!(
-            "import numpy as np, time\n{SQUARE}\
-             x = np.array(1.5, np.float32); y = square(x); g = np.array(1.0, np.float32)\n\
-             def run():\n    t = time.perf_counter()\n    for _ in range({n}):\n        square_grad((x,), (y,), (g,))\n    return (time.perf_counter() - t) / {n}\n\
-             run()\n\
-             times = sorted(run() for _ in range({reps}))\n\
-             result = times[len(times) // 2]\n",
-            reps = reps()
-        );
-        let globals = pyo3::types::PyDict::new(py);
-        py.run(&std::ffi::CString::new(code).unwrap(), Some(&globals), None)
-            .unwrap();
-        Duration::from_secs_f64(
-            globals
-                .get_item("result")
-                .unwrap()
-                .unwrap()
-                .extract()
-                .unwrap(),
-        )
-    })
+    let setup = format!(
+        "{SQUARE}\nx = np.array(1.5, np.float32); y = square(x); g = np.array(1.0, np.float32)\nstart = None"
+    );
+    python_loop(&setup, "square_grad((x,), (y,), (g,))", n)
 }
 
 fn backward_pygrad(n: usize) -> Duration {

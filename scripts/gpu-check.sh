@@ -14,6 +14,12 @@ PYO3_PYTHON=$(python3 -c 'import sys; print(sys.executable)'); export PYO3_PYTHO
 export VIRTUAL_ENV="$PWD/.venv" CARGO_TERM_COLOR=never
 # Parallel kernel compilation for candle's CUDA kernels.
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-$(nproc)}
+# CUDA 11 cannot target Hopper's sm_90a, which candle asks for on an H100/H200: build for sm_80
+# there (the PTX is JIT-compiled for the GPU at load time).
+nvcc_major=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+if [ -n "$nvcc_major" ] && [ "$nvcc_major" -lt 12 ] && [ -z "${CUDA_COMPUTE_CAP:-}" ]; then
+  export CUDA_COMPUTE_CAP=80
+fi
 
 echo "== build (release, --features cuda)"
 cargo build --release --features cuda --tests --examples --benches

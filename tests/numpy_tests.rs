@@ -603,7 +603,7 @@ fn bad_sources_are_errors() {
                 .tout([])
                 .build(),
             ErrorKind::Source,
-            "cannot import module `no_such_module_pyop`",
+            "cannot load the source module `no_such_module_pyop`",
         ),
         (
             PyOp::builder("raises")

@@ -164,7 +164,8 @@ impl PyOp {
             };
             // A numpy-mode body that takes `out` writes into candle memory when every output's
             // shape is known before the call.
-            let shapes = if op.accepts_out && !op.tout.is_empty() {
+            let (body, accepts_out) = op.body_now(py);
+            let shapes = if accepts_out && !op.tout.is_empty() {
                 op.tout
                     .iter()
                     .map(|o| convert::known_shape(o, args))
@@ -180,14 +181,13 @@ impl PyOp {
                     .set_item(pyo3::intern!(py, "out"), &out.arg)
                     .map_err(|e| python::python_error(py, &op.name, e))?;
                 let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
-                    op.body_now(py).call(py_args, Some(&kwargs))
+                    body.call(py_args, Some(&kwargs))
                 })?;
                 drop(kwargs);
                 return out.finish(&check, returned);
             }
-            let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
-                op.body_now(py).call1(py_args)
-            })?;
+            let returned =
+                crate::timeout::run_limited(py, &op.name, timeout, || body.call1(py_args))?;
             convert::outputs_from_python(py, &check, &returned)
         })
         .map_err(|e| e.in_op(&op.name));
@@ -520,10 +520,15 @@ impl OpBuilder {
 
 impl OpInner {
     /// The body to call now (hot reload may have replaced the one the op was built with).
-    pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+    pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, bool) {
         match &self.reload {
-            None => self.body.bind(py).clone(),
-            Some(r) => self.reloaded(py, r).body,
+            None => (self.body.bind(py).clone(), self.accepts_out),
+            Some(r) => {
+                let body = self.reloaded(py, r).body;
+                // A reloaded body may have gained or dropped its `out` parameter.
+                let out = self.mode == Mode::Numpy && takes_out(&body);
+                (body, out)
+            }
         }
     }
 

@@ -189,22 +189,7 @@ pub(crate) fn package_module<'py>(
         ))?;
         PyModule::import(py, "importlib")?.call_method1("import_module", (module.as_ref(),))
     };
-    run().map_err(|e| match python_error(py, op, e) {
-        Error::Python {
-            op,
-            exception,
-            message,
-            traceback,
-            ..
-        } => Error::Python {
-            op,
-            kind: ErrorKind::Source,
-            exception,
-            message: format!("cannot load the source {}: {message}", source.describe()),
-            traceback,
-        },
-        e => e,
-    })
+    run().map_err(|e| source_error(py, op, &source.describe(), e))
 }
 
 /// Removes a run-time op's inline code from `linecache`.
@@ -217,25 +202,29 @@ pub(crate) fn forget_lines(py: Python<'_>, source: &Source) {
 }
 
 fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny>> {
-    py.import(name).map(Bound::into_any).map_err(|e| {
-        let err = python_error(py, op, e);
-        match err {
-            Error::Python {
-                op,
-                exception,
-                message,
-                traceback,
-                ..
-            } => Error::Python {
-                op,
-                kind: ErrorKind::Source,
-                exception,
-                message: format!("cannot import module `{name}`: {message}"),
-                traceback,
-            },
-            e => e,
-        }
-    })
+    py.import(name)
+        .map(Bound::into_any)
+        .map_err(|e| source_error(py, op, &format!("module `{name}`"), e))
+}
+
+/// A Python error met while loading a source: kind [`ErrorKind::Source`], saying which source.
+fn source_error(py: Python<'_>, op: &str, what: &str, e: PyErr) -> Error {
+    match python_error(py, op, e) {
+        Error::Python {
+            op,
+            exception,
+            message,
+            traceback,
+            ..
+        } => Error::Python {
+            op,
+            kind: ErrorKind::Source,
+            exception,
+            message: format!("cannot load the source {what}: {message}"),
+            traceback,
+        },
+        e => e,
+    }
 }
 
 /// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
@@ -267,25 +256,7 @@ fn load<'py>(
         builtins.getattr("exec")?.call1((code, &globals))?;
         Ok(module.into_any())
     };
-    run().map_err(|e| {
-        let err = python_error(py, op, e);
-        match err {
-            Error::Python {
-                op,
-                exception,
-                message,
-                traceback,
-                ..
-            } => Error::Python {
-                op,
-                kind: ErrorKind::Source,
-                exception,
-                message: format!("cannot load the source {}: {message}", source.describe()),
-                traceback,
-            },
-            e => e,
-        }
-    })
+    run().map_err(|e| source_error(py, op, &source.describe(), e))
 }
 
 /// The callable `name` in `module`, or an error naming the op and the source.
