@@ -3,11 +3,11 @@
 //!
 //! ```text
 //! $ cargo run --release --example threads
-//! 8 threads x 2000 calls in 1.21 s
+//! 8 threads x 2000 calls in 1.72 s
 //! op        calls  errors  python ms  gil wait ms  gil-wait share
-//! norm      16000       0     ...
-//! affine    16000       0     ...
-//! checked   16000    1000     ...
+//! norm      16000       0     6143.0       1068.0             15%
+//! affine    16000       0      568.4       1763.1             76%
+//! checked   16000    1000      810.6       1052.9             57%
 //! ```
 //!
 //! Set `PYOP_TRACE=1` to print the `pyop.call` tracing span of every call (op, mode, device).
