@@ -1,8 +1,8 @@
 //! The `#[py_op]` attribute of [pyop](https://docs.rs/pyop). Use it through the `pyop` crate.
 //!
-//! The pipeline, one file a stage: [`attr`] parses the attribute's options, [`ast`] parses the
-//! function signature into a typed model, [`valid`] checks the two against each other, and
-//! [`expand`] writes the wrapper; every mistake is collected in a [`ctxt::Ctxt`] and reported at
+//! The pipeline, one file a stage: `attr` parses the attribute's options, `ast` parses the
+//! function signature into a typed model, `valid` checks the two against each other, and
+//! `expand` writes the wrapper; every mistake is collected in a `ctxt::Ctxt` and reported at
 //! once, each on its own token, next to a fallback copy of the user's function.
 
 mod ast;
