@@ -9,11 +9,24 @@ cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 command -v "$python" >/dev/null || { echo "pyop needs Python 3 (python3 on PATH, or PYTHON=...)" >&2; exit 1; }
+# pyo3 embeds the interpreter: it needs Python built as a shared library.
+if [ "$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABLE_SHARED") or 0)')" != 1 ]; then
+  echo "pyop needs a Python built with --enable-shared (libpython3.X.so): on Debian/Ubuntu install" >&2
+  echo "python3-dev; with pyenv, PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install <version>" >&2
+  exit 1
+fi
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-if ! .venv/bin/python -c 'import numpy' 2>/dev/null; then
-  echo "setting up .venv with NumPy (once)..." >&2
-  "$python" -m venv .venv
-  .venv/bin/python -m pip install --disable-pip-version-check --quiet numpy
+# The venv must belong to this Python (its site-packages is lib/pythonX.Y) and have NumPy.
+if ! { [ -x .venv/bin/python ] \
+       && [ "$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$version" ] \
+       && .venv/bin/python -c 'import numpy' 2>/dev/null; }; then
+  echo "setting up .venv (Python $version) with NumPy (once)..." >&2
+  "$python" -m venv --clear .venv || {
+    echo "cannot make a venv: on Debian/Ubuntu install python3-venv" >&2
+    exit 1
+  }
+  .venv/bin/python -m pip install --disable-pip-version-check --quiet 'numpy>=1.22,<3'
 fi
 
 # pyo3 links the interpreter that made the venv; the venv's packages are found through
@@ -28,6 +41,11 @@ case "${1:-}" in
     exec cargo run --example log_huber
     ;;
   test)
+    # The suite sets these itself where it needs them.
+    unset PYOP_HOT_RELOAD PYOP_PYTHON_ENV PYOP_BREAKPOINT PYOP_TRACE
+    if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+      rustup component add rustfmt clippy
+    fi
     cargo fmt --all -- --check
     cargo build --examples            # tests/examples_tests.rs runs them
     cargo test --workspace --all-targets

@@ -10,13 +10,13 @@ start=$(date +%s)
 command -v nvcc >/dev/null || [ -n "${CUDA_PATH:-}" ] || { echo "gpu-check: nvcc not found (install the CUDA toolkit or set CUDA_PATH)" >&2; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 scripts/dev.sh true
-PYO3_PYTHON=$(python3 -c 'import sys; print(sys.executable)'); export PYO3_PYTHON
+PYO3_PYTHON=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)'); export PYO3_PYTHON
 export VIRTUAL_ENV="$PWD/.venv" CARGO_TERM_COLOR=never
 # Parallel kernel compilation for candle's CUDA kernels.
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-$(nproc)}
 # CUDA 11 cannot target Hopper's sm_90a, which candle asks for on an H100/H200: build for sm_80
 # there (the PTX is JIT-compiled for the GPU at load time).
-nvcc_major=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+nvcc_major=$( (nvcc --version 2>/dev/null || true) | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
 if [ -n "$nvcc_major" ] && [ "$nvcc_major" -lt 12 ] && [ -z "${CUDA_COMPUTE_CAP:-}" ]; then
   export CUDA_COMPUTE_CAP=80
 fi
@@ -31,6 +31,7 @@ echo "== example"
 cargo run --release --features cuda --example gpu
 
 echo "== benchmark on the GPU (medians of 5, microseconds per call)"
-DEVICE=cuda SIZES=1,16777216 REPS=5 cargo bench --features cuda --bench summary 2>/dev/null \
+# The release profile, already built above (the bench profile would build everything again).
+DEVICE=cuda SIZES=1,16777216 REPS=5 cargo bench --profile release --features cuda --bench summary \
   | grep -E 'case=(numpy|tensor|candle)_(ident|plus1)_'
 echo "== done in $(( $(date +%s) - start )) s"

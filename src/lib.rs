@@ -44,9 +44,9 @@ pub use candle_core::Tensor;
 pub use pyop_macros::py_op;
 pub use pyop_runtime::{
     error_to_python, expose, gradcheck, manifest_json, op_stats, python_env, registered_op,
-    registered_ops, tout_to_string, validate, validation_report, Arg, CallOptions, Error,
-    ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Mode, OpBuilder, OpDecl, OpStats,
-    OutSpec, Problem, PyOp, PyTensor, PythonEnv, Result, RustGradient, Source, SourceDecl,
+    registered_ops, set_hot_reload, tout_to_string, validate, validation_report, Arg, CallOptions,
+    Error, ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Mode, OpBuilder, OpDecl,
+    OpStats, OutSpec, Problem, PyOp, PyTensor, PythonEnv, Result, RustGradient, Source, SourceDecl,
     StaticOp, ValidationReport, Value,
 };
 

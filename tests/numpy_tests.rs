@@ -83,21 +83,40 @@ fn module_function_with_two_outputs() {
     assert_eq!(r.to_vec1::<i64>().unwrap(), [1, 1, 1]);
 }
 
+#[py_op(code = "def as_is(x):\n    return x", name = "as_is", numpy, tout = f32[_, 3])]
+fn as_is_rows3(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def halve(x, y):\n    return x[: len(x) // 2]", name = "halve", numpy, tout = f32[y])]
+fn halve_like_y(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
 #[test]
 fn declared_shape_is_checked() {
     let x = Tensor::arange(0f32, 6., &cpu()).unwrap();
     assert_eq!(rows3(&x).unwrap().dims(), [2, 3]);
-    let bad = Tensor::arange(0f32, 4., &cpu()).unwrap();
-    let err = rows3(&bad).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}"); // NumPy's reshape raises ValueError
-    let err = rows3(
-        &Tensor::arange(0f32, 9., &cpu())
+    assert_eq!(
+        rows3(&Tensor::arange(0f32, 9., &cpu()).unwrap())
             .unwrap()
-            .reshape((9,))
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(err.dims(), [3, 3]);
+            .dims(),
+        [3, 3]
+    );
+    // The body's own error (NumPy cannot reshape 4 elements into rows of 3) ...
+    let err = rows3(&Tensor::arange(0f32, 4., &cpu()).unwrap()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    // ... and pyop's check of a value of the wrong shape.
+    let err = as_is_rows3(&Tensor::arange(0f32, 4., &cpu()).unwrap()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert_eq!(
+        err.to_string(),
+        "op `as_is_rows3`: output 0: expected shape f32[_, 3], got shape [4]"
+    );
+    // `f32[y]`: the shape of the argument `y`.
+    let y = Tensor::zeros(3, DType::F32, &cpu()).unwrap();
+    assert_eq!(halve_like_y(&x, &y).unwrap().dims(), [3]);
+    let err = halve_like_y(&x, &Tensor::zeros(2, DType::F32, &cpu()).unwrap()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "op `halve_like_y`: output 0: expected shape [2] (the shape of argument 1), got shape [3]"
+    );
 }
 
 #[test]
@@ -180,6 +199,12 @@ fn an_input_returned_unchanged_shares_its_storage() {
     let t = x.reshape((8, 8)).unwrap().t().unwrap();
     let y = ident_f32(&t).unwrap();
     assert_eq!(y.to_vec2::<f32>().unwrap(), t.to_vec2::<f32>().unwrap());
+    assert_eq!(
+        data_ptr(&y),
+        data_ptr(&t),
+        "a transposed input's view comes back without a copy"
+    );
+    assert_eq!(y.stride(), t.stride());
 }
 
 #[py_op(code = r#"
@@ -199,6 +224,9 @@ fn all_kinds(
     name: &str,
     count: i64,
 ) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def maybe(x, y):\n    return x if y is None else x + y", name = "maybe", numpy, tout = f64)]
+fn maybe_add(x: &Tensor, y: Option<&Tensor>) -> pyop::Result<Tensor>;
 
 #[py_op(code = "def on(x, k):\n    return x if k is None else x * k", name = "on", numpy, tout = f64)]
 fn on_device(x: &Tensor, k: Option<f64>, device: &Device) -> pyop::Result<Tensor>;
@@ -230,6 +258,14 @@ fn every_parameter_kind() {
             .unwrap()
             .to_vec1::<f64>()
             .unwrap(),
+        [1.0, 2.0]
+    );
+    assert_eq!(
+        maybe_add(&a, Some(&a)).unwrap().to_vec1::<f64>().unwrap(),
+        [2.0, 4.0]
+    );
+    assert_eq!(
+        maybe_add(&a, None).unwrap().to_vec1::<f64>().unwrap(),
         [1.0, 2.0]
     );
 }

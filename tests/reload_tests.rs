@@ -1,4 +1,4 @@
-//! Hot reload (`PYOP_HOT_RELOAD=1`): edits to a body's file or package show up without a
+//! Hot reload (`PYOP_HOT_RELOAD=1`, here `pyop::set_hot_reload(true)`): edits to a body's file or package show up without a
 //! rebuild; a broken edit keeps the last good body and reports why.
 
 use std::path::{Path, PathBuf};
@@ -8,8 +8,9 @@ use pyop::candle::{DType, Device, Tensor};
 use pyop::{Arg, OutSpec, PyOp};
 
 fn hot() {
-    // Read once, at the first op built; every test sets it before building one.
-    std::env::set_var("PYOP_HOT_RELOAD", "1");
+    // The same switch as PYOP_HOT_RELOAD=1, without changing the environment of a process whose
+    // other threads may be reading it.
+    pyop::set_hot_reload(true);
 }
 
 fn temp(name: &str) -> PathBuf {

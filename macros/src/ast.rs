@@ -56,6 +56,8 @@ pub enum ParamKind {
 pub struct Param {
     pub name: Ident,
     pub kind: ParamKind,
+    /// `Option<…>`: may be `None` on a call.
+    pub optional: bool,
 }
 
 /// What the function returns inside its `Result`.
@@ -125,7 +127,7 @@ impl<'a> Function<'a> {
                         continue;
                     };
                     match classify(&pt.ty) {
-                        Some((kind, _optional)) => {
+                        Some((kind, optional)) => {
                             if kind == ParamKind::Device {
                                 devices += 1;
                                 if devices > 1 {
@@ -135,6 +137,7 @@ impl<'a> Function<'a> {
                             params.push(Param {
                                 name: pi.ident.clone(),
                                 kind,
+                                optional,
                             })
                         }
                         None => cx.error_spanned_by(

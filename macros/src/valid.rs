@@ -89,9 +89,19 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
     for out in &tout.value.outputs {
         if let Some(like) = &out.like {
             match f.params.iter().find(|p| p.name == *like) {
+                Some(p) if p.kind == crate::ast::ParamKind::Tensor && p.optional => cx.error_spanned_by(
+                    like,
+                    format!("`{like}` is optional: `[{like}]` needs a tensor on every call"),
+                ),
                 Some(p) if p.kind == crate::ast::ParamKind::Tensor => {}
-                Some(_) => cx.error_spanned_by(like, format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one")),
-                None => cx.error_spanned_by(like, format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter")),
+                Some(_) => cx.error_spanned_by(
+                    like,
+                    format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one"),
+                ),
+                None => cx.error_spanned_by(
+                    like,
+                    format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"),
+                ),
             }
         }
     }

@@ -27,6 +27,7 @@ pub use expose::{expose, Value};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
 pub use op::{CallOptions, OpBuilder, PyOp};
 pub use python::{python_env, PythonEnv};
+pub use reload::set_hot_reload;
 pub use source::Source;
 pub use spec::{numpy_can_hold, tout_to_string, Mode, OutSpec};
 pub use stats::OpStats;

@@ -17,10 +17,27 @@ use crate::source::{self, Source};
 /// How often a reloading op looks at its files.
 pub const CHECK_EVERY: Duration = Duration::from_millis(250);
 
-/// Whether `PYOP_HOT_RELOAD` is set (to anything but `0` or empty), read once.
+static SWITCH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Turns hot reload on or off for ops built from now on, overriding `PYOP_HOT_RELOAD` (for
+/// development tools and tests, which should not change the environment of a running process).
+pub fn set_hot_reload(on: bool) {
+    SWITCH.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether hot reload is on: [`set_hot_reload`], else `PYOP_HOT_RELOAD` set to anything but `0`
+/// or empty (read once).
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PYOP_HOT_RELOAD").is_ok_and(|v| !v.is_empty() && v != "0"))
+    match SWITCH.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static ENV: OnceLock<bool> = OnceLock::new();
+            *ENV.get_or_init(|| {
+                std::env::var("PYOP_HOT_RELOAD").is_ok_and(|v| !v.is_empty() && v != "0")
+            })
+        }
+    }
 }
 
 /// What a file's (or a folder's files') modification times and sizes were.
