@@ -1,0 +1,65 @@
+//! The `pyop.call` tracing span. Alone in its test binary: tracing caches whether a call site
+//! is wanted, so another test calling ops on another thread at the same moment could race it.
+
+use pyop::candle::{Device, Tensor};
+use pyop::py_op;
+
+#[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]
+fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def add_one(x):\n    return x + 1", numpy, tout = f32)]
+fn add_one(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn scalar(v: f32) -> Tensor {
+    Tensor::new(&[v], &Device::Cpu).unwrap()
+}
+
+/// Records the spans opened on this thread: name and fields.
+struct SpanRecorder(std::sync::Mutex<Vec<String>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={:?}", field.name(), value));
+    }
+}
+
+impl tracing::Subscriber for SpanRecorder {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut fields = Fields(String::new());
+        attrs.record(&mut fields);
+        let mut spans = self.0.lock().unwrap();
+        spans.push(format!("{}{}", attrs.metadata().name(), fields.0));
+        tracing::span::Id::from_u64(spans.len() as u64)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn every_call_opens_a_tracing_span() {
+    let recorder = std::sync::Arc::new(SpanRecorder(std::sync::Mutex::new(Vec::new())));
+    let dispatch = tracing::Dispatch::from(recorder.clone());
+    tracing::dispatcher::with_default(&dispatch, || {
+        scale(&scalar(1.0), 2.0).unwrap();
+        add_one(&scalar(1.0)).unwrap();
+    });
+    let spans = recorder.0.lock().unwrap().clone();
+    let calls: Vec<&String> = spans
+        .iter()
+        .filter(|s| s.starts_with("pyop.call"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{spans:?}");
+    assert_eq!(
+        calls[0], "pyop.call op=scale mode=\"numpy\" device=Cpu",
+        "{spans:?}"
+    );
+    assert_eq!(calls[1], "pyop.call op=add_one mode=\"numpy\" device=Cpu");
+}
