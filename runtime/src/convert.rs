@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::spec::{numpy_can_hold, Mode, OutSpec};
+use crate::spec::{numpy_can_hold, with_numpy_element, Mode, OutSpec};
 use crate::tensor::PyTensor;
 
 /// One argument of an op call, in declaration order. Plain values reach Python as `float`, `int`,
@@ -189,17 +189,7 @@ fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
 
 /// The NumPy dtype of the same name as a candle dtype.
 pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> Option<Bound<'_, PyArrayDescr>> {
-    Some(match dtype {
-        DType::U8 => numpy::dtype::<u8>(py),
-        DType::U32 => numpy::dtype::<u32>(py),
-        DType::I16 => numpy::dtype::<i16>(py),
-        DType::I32 => numpy::dtype::<i32>(py),
-        DType::I64 => numpy::dtype::<i64>(py),
-        DType::F16 => numpy::dtype::<half::f16>(py),
-        DType::F32 => numpy::dtype::<f32>(py),
-        DType::F64 => numpy::dtype::<f64>(py),
-        _ => return None,
-    })
+    with_numpy_element!(dtype, T => Some(numpy::dtype::<T>(py)), _ => None)
 }
 
 /// A read-only NumPy array over the prepared tensor's memory, whose base object (a `pyop.Tensor`
@@ -616,24 +606,11 @@ fn array_to_tensor(
     let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
     let shape = Shape::from(dims);
     let copy = move || -> candle_core::Result<Tensor> {
-        macro_rules! from {
-            ($t:ty) => {{
-                // SAFETY: `n` elements of `$t` (plain numbers) are readable as bytes at `data`.
-                let v = unsafe { crate::alloc::copied_from_bytes::<$t>(data as *const u8, n) };
-                Tensor::from_vec(v, shape, &Device::Cpu)
-            }};
-        }
-        match dtype {
-            DType::U8 => from!(u8),
-            DType::U32 => from!(u32),
-            DType::I16 => from!(i16),
-            DType::I32 => from!(i32),
-            DType::I64 => from!(i64),
-            DType::F16 => from!(half::f16),
-            DType::F32 => from!(f32),
-            DType::F64 => from!(f64),
-            _ => unreachable!("candle_dtype gives only NumPy dtypes"),
-        }
+        with_numpy_element!(dtype, T => {
+            // SAFETY: `n` elements of `T` (plain numbers) are readable as bytes at `data`.
+            let v = unsafe { crate::alloc::copied_from_bytes::<T>(data as *const u8, n) };
+            Tensor::from_vec(v, shape, &Device::Cpu)
+        }, _ => unreachable!("candle_dtype gives only NumPy dtypes"))
     };
     // Large copies run without the GIL, so other threads' Python goes on meanwhile.
     let t = if n * dtype.size_in_bytes() >= 1 << 20 {
@@ -959,20 +936,9 @@ impl OutBuffers<'_> {
 /// A zeroed CPU tensor in a buffer from `alloc::zeroed` (huge pages for large ones).
 fn zeroed_tensor(dtype: DType, dims: Vec<usize>) -> candle_core::Result<Tensor> {
     let n = dims.iter().product();
-    macro_rules! z {
-        ($t:ty) => {
-            Tensor::from_vec(crate::alloc::zeroed::<$t>(n), dims, &Device::Cpu)
-        };
-    }
-    match dtype {
-        DType::U8 => z!(u8),
-        DType::U32 => z!(u32),
-        DType::I16 => z!(i16),
-        DType::I32 => z!(i32),
-        DType::I64 => z!(i64),
-        DType::F16 => z!(half::f16),
-        DType::F32 => z!(f32),
-        DType::F64 => z!(f64),
-        d => Tensor::zeros(dims, d, &Device::Cpu),
-    }
+    with_numpy_element!(
+        dtype,
+        T => Tensor::from_vec(crate::alloc::zeroed::<T>(n), dims, &Device::Cpu),
+        d => Tensor::zeros(dims, d, &Device::Cpu)
+    )
 }

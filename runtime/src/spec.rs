@@ -127,17 +127,50 @@ pub fn tout_to_string(tout: &[OutSpec]) -> String {
     }
 }
 
+/// Evaluates `$body` with `$T` the Rust element type of `$dtype`, for the dtypes NumPy can hold
+/// (see [`numpy_can_hold`]); `$other` for the rest. The one place that maps the two.
+macro_rules! with_numpy_element {
+    ($dtype:expr, $T:ident => $body:expr, $other:pat => $fallback:expr) => {
+        match $dtype {
+            candle_core::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            candle_core::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            candle_core::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            candle_core::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            candle_core::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $other => $fallback,
+        }
+    };
+}
+pub(crate) use with_numpy_element;
+
 /// Whether NumPy has a dtype of the same name (bf16 and the f8/f4/f6 types it has not).
 pub fn numpy_can_hold(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::U8
-            | DType::U32
-            | DType::I16
-            | DType::I32
-            | DType::I64
-            | DType::F16
-            | DType::F32
-            | DType::F64
-    )
+    with_numpy_element!(dtype, _T => true, _ => false)
 }

@@ -19,6 +19,7 @@ use pyo3::types::{PyFloat, PyInt, PyList, PyModule, PySlice, PyTuple};
 
 use crate::convert;
 use crate::error::Error;
+use crate::spec::with_numpy_element;
 
 pyo3::create_exception!(
     pyop,
@@ -998,29 +999,16 @@ fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         .to_device(&Device::Cpu)
         .and_then(|t| t.flatten_all())
         .map_err(value_error)?;
-    macro_rules! arr {
-        ($ty:ty) => {
-            PyArray1::<$ty>::from_vec(py, t.to_vec1::<$ty>().map_err(value_error)?)
-                .reshape(dims)?
-                .into_any()
-        };
-    }
-    Ok(match t.dtype() {
-        DType::U8 => arr!(u8),
-        DType::U32 => arr!(u32),
-        DType::I16 => arr!(i16),
-        DType::I32 => arr!(i32),
-        DType::I64 => arr!(i64),
-        DType::F16 => arr!(half::f16),
-        DType::F32 => arr!(f32),
-        DType::F64 => arr!(f64),
-        d => {
-            return Err(PyValueError::new_err(format!(
-                "NumPy has no dtype {}; convert with .to_dtype(\"f32\") first",
-                d.as_str()
-            )))
-        }
-    })
+    with_numpy_element!(
+        t.dtype(),
+        T => Ok(PyArray1::<T>::from_vec(py, t.to_vec1::<T>().map_err(value_error)?)
+            .reshape(dims)?
+            .into_any()),
+        d => Err(PyValueError::new_err(format!(
+            "NumPy has no dtype {}; convert with .to_dtype(\"f32\") first",
+            d.as_str()
+        )))
+    )
 }
 
 // --- module functions ---
