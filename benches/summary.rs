@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use pyop::candle::{DType, Device, Tensor, Var};
+use pyop::interop::pyo3::prelude::*;
 use pyop::py_op;
-use pyop::pyo3::prelude::*;
 
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]
 fn numpy_ident(x: &Tensor) -> pyop::Result<Tensor>;

@@ -49,7 +49,11 @@ case "${1:-}" in
     cargo fmt --all -- --check
     cargo build --examples            # tests/examples_tests.rs runs them
     cargo test --workspace --all-targets
-    cargo test --workspace --doc
+    # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
+    # (cargo passes a build script's link arguments to the doc tests of its own package only).
+    libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+    RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" cargo test --workspace --doc
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
     cargo clippy --workspace --all-targets -- -D warnings
     ;;
   true)

@@ -55,6 +55,54 @@ mod broken {
 
     #[py_op(code = "def g(x):\n    return x\ndef bad_grad_sig(x):\n    return x", tout = f64, grad = "g")]
     pub fn bad_grad_sig(x: &Tensor) -> pyop::Result<Tensor>;
+
+    // A syntax error in a raw string: reported on this file's line, with the line and a caret.
+    #[py_op(code = r#"
+def raw_syntax(x):
+    return x +* 2
+"#, tout = f64)]
+    pub fn raw_syntax(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
+// An exception in inline code: the traceback names this file and its line.
+#[py_op(code = r#"
+def helper(x):
+    raise ValueError("bad value")
+
+def inline_fail(x):
+    return helper(x)
+"#, tout = f64)]
+fn inline_fail(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// The line of this file that holds `needle` (1-based).
+fn line_of(needle: &str) -> usize {
+    include_str!("devx_tests.rs")
+        .lines()
+        .position(|l| l.trim_end() == needle)
+        .unwrap_or_else(|| panic!("{needle:?} is not a line of this file"))
+        + 1
+}
+
+#[test]
+fn inline_code_counts_lines_as_the_rust_file_does() {
+    let err = inline_fail(&x()).unwrap_err();
+    let tb = err.traceback().unwrap();
+    let raise = line_of(r#"    raise ValueError("bad value")"#);
+    let call = line_of("    return helper(x)");
+    assert!(
+        tb.contains(&format!(
+            "File \"tests/devx_tests.rs\", line {call}, in inline_fail\n    return helper(x)"
+        )),
+        "{tb}"
+    );
+    assert!(
+        tb.contains(&format!(
+            "File \"tests/devx_tests.rs\", line {raise}, in helper\n    raise ValueError(\"bad value\")"
+        )),
+        "{tb}"
+    );
+    // pyop's own frames are not in it.
+    assert!(!tb.contains("<pyop>") && !tb.contains("importlib"), "{tb}");
 }
 
 #[test]
@@ -123,18 +171,36 @@ fn validation_reports_every_problem_with_its_declaration() {
     let report = pyop::validation_report().unwrap();
     assert!(report.checked >= 10, "{report:?}");
     let problems_of = |name: &str| -> Vec<&pyop::Problem> {
-        report.problems.iter().filter(|p| p.op == name).collect()
+        report
+            .problems
+            .iter()
+            .filter(|p| p.ops.iter().any(|o| o.name == name))
+            .collect()
     };
     let expect = |name: &str, message: &str| {
         let ps = problems_of(name);
         assert_eq!(ps.len(), 1, "{name}: {ps:?}");
         let p = ps[0];
-        assert_eq!(p.rust_path, format!("devx_tests::broken::{name}"));
-        assert_eq!(p.file, "tests/devx_tests.rs");
-        assert!(p.line > 0);
+        assert_eq!(p.ops.len(), 1, "{p:?}");
+        assert_eq!(p.ops[0].rust_path, format!("devx_tests::broken::{name}"));
+        assert_eq!(p.ops[0].file, "tests/devx_tests.rs");
+        assert!(p.ops[0].line > 0);
         assert!(p.message.contains(message), "{name}: {}", p.message);
     };
-    expect("missing_function", "has no function `missing_function`");
+    expect(
+        "missing_function",
+        "has no function `missing_function`; it defines `other`: if that is the body, declare \
+         `name = \"other\"`",
+    );
+    let bad = line_of("    return x +* 2");
+    expect(
+        "raw_syntax",
+        &format!(
+            "SyntaxError: cannot load the code at tests/devx_tests.rs:{}: invalid \
+             syntax\n  File \"tests/devx_tests.rs\", line {bad}\n    return x +* 2\n",
+            bad - 2
+        ),
+    );
     expect(
         "wrong_arity",
         "the function `wrong_arity` does not accept the declared arguments (x, k): TypeError",
@@ -145,8 +211,16 @@ fn validation_reports_every_problem_with_its_declaration() {
         "bad_grad_sig",
         "the gradient `g` does not accept (inputs, outputs, grads)",
     );
+    let syntax = problems_of("raw_syntax")[0].message.clone();
+    let caret = syntax.lines().last().unwrap();
+    assert_eq!(caret.trim(), "^", "{syntax}");
+    assert_eq!(
+        caret.find('^'),
+        syntax.lines().nth(2).unwrap().find('*'),
+        "{syntax}"
+    );
     // Only the broken ones: the rest, and the Python version, check out.
-    assert_eq!(report.problems.len(), 5, "{:#?}", report.problems);
+    assert_eq!(report.problems.len(), 6, "{:#?}", report.problems);
     assert!(
         report
             .skipped
@@ -159,9 +233,17 @@ fn validation_reports_every_problem_with_its_declaration() {
     let err = pyop::validate().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Validation);
     let text = err.to_string();
-    assert!(text.contains("5 problem(s)"), "{text}");
+    assert!(text.starts_with("validate() found 6 problem(s)"), "{text}");
+    assert!(
+        !text.contains("op `validate`"),
+        "no pseudo-op names: {text}"
+    );
+    assert_eq!(err.op(), None);
     for p in &report.problems {
-        assert!(text.contains(&p.to_string()), "{text}");
+        assert!(
+            text.contains(&p.to_string().replace('\n', "\n    ")),
+            "{text}"
+        );
     }
 }
 

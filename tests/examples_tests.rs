@@ -89,12 +89,21 @@ fn debugging_shows_print_and_traceback() {
         lines[3].starts_with("op `reshaped`: ValueError: Shape mismatch"),
         "{out}"
     );
+    // Inline code's lines are the example file's own.
+    let source = include_str!("../examples/debugging.rs");
+    let line = |text: &str| source.lines().position(|l| l == text).unwrap() + 1;
+    let call = line("    return helper(x)");
+    let reshape = line("    return x.reshape(7)");
     assert!(
-        out.contains("line 3, in reshaped\n    return helper(x)"),
+        out.contains(&format!(
+            "File \"examples/debugging.rs\", line {call}, in reshaped\n    return helper(x)"
+        )),
         "{out}"
     );
     assert!(
-        out.contains("line 6, in helper\n    return x.reshape(7)"),
+        out.contains(&format!(
+            "File \"examples/debugging.rs\", line {reshape}, in helper\n    return x.reshape(7)"
+        )),
         "{out}"
     );
 }

@@ -99,7 +99,7 @@ fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
 
 #[test]
 fn an_op_called_inside_python_attach() {
-    use pyop::pyo3::Python;
+    use pyop::interop::pyo3::Python;
     let y = within(30, "op inside attach", || {
         Python::attach(|_py| scale(&scalar(2.0), 3.0).unwrap().to_vec1::<f32>().unwrap())
     });
@@ -119,7 +119,7 @@ fn gil_check(x: &Tensor) -> pyop::Result<Tensor>;
 fn rust_called_from_a_body_runs_without_the_gil() {
     expose("gil_released", |args| {
         // SAFETY: only asks whether this thread holds the GIL.
-        let held = unsafe { pyop::pyo3::ffi::PyGILState_Check() } == 1;
+        let held = unsafe { pyop::interop::pyo3::ffi::PyGILState_Check() } == 1;
         let _ = args[0].tensor()?.sum_all()?; // candle work, as an exposed function would do
         Ok(Value::Bool(!held))
     })
@@ -263,10 +263,7 @@ fn a_hung_body_is_interrupted_and_the_op_stays_usable() {
         .build()
         .unwrap();
     let x = scalar(1.0);
-    let options = CallOptions {
-        timeout: Some(Duration::from_millis(100)),
-        ..Default::default()
-    };
+    let options = CallOptions::new().timeout(Duration::from_millis(100));
     let err = within(60, "per-call timeout", move || {
         op.call_with(&[Arg::from(&x)], &options).unwrap_err()
     });
@@ -393,7 +390,7 @@ fn bad_input_table() {
         .unwrap();
     let huge = Tensor::zeros(64 << 20, DType::F32, &Device::Cpu).unwrap(); // 256 MiB
     let not_callable = {
-        use pyop::pyo3::prelude::*;
+        use pyop::interop::pyo3::prelude::*;
         Python::attach(|py| 3i64.into_pyobject(py).unwrap().into_any().unbind())
     };
     #[rustfmt::skip]
@@ -421,7 +418,7 @@ fn bad_input_table() {
         ("a value for tout = ()", numpy("def f(x): return 1", vec![]), &zero_d, Expect::Err(ErrorKind::OutputMismatch, "expects the body to return None")),
         ("body not callable", PyOp::builder("t").callable(not_callable).tout(f32_()).build(), &zero_d, Expect::Err(ErrorKind::MissingFunction, "the body is not callable")),
         ("missing function name", numpy("def g(x): return x", f32_()), &zero_d, Expect::Err(ErrorKind::MissingFunction, "has no function `f`")),
-        ("syntax error", numpy("def f(x):\n    return x +", f32_()), &zero_d, Expect::Err(ErrorKind::Source, "line 3)")),
+        ("syntax error", numpy("def f(x):\n    return x +", f32_()), &zero_d, Expect::Err(ErrorKind::Source, "\", line 3\n    return x +\n")),
         ("module that fails to import", PyOp::builder("t").module("pyop_no_such_module").tout(f32_()).build(), &zero_d, Expect::Err(ErrorKind::Source, "No module named 'pyop_no_such_module'")),
     ];
     for (what, op, input, expect) in rows {

@@ -62,11 +62,7 @@ fn four_in_three_out_with_mixed_dtypes() {
         Ok(vec![y0, y1, y2])
     };
     // The f32 input limits the precision of the differences.
-    let tol = GradCheck {
-        eps: 1e-3,
-        atol: 2e-3,
-        rtol: 1e-3,
-    };
+    let tol = GradCheck::default().eps(1e-3).atol(2e-3).rtol(1e-3);
     gradcheck(f, &mixed_inputs(), tol).unwrap();
     // Gradients come back in each input's own dtype; the integer input gets none.
     let vars: Vec<Var> = mixed_inputs()
@@ -92,11 +88,7 @@ fn a_loss_using_only_some_outputs() {
     let only_second = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
         Ok(vec![four_in_three_out(&xs[0], &xs[1], &xs[2], &xs[3])?.1])
     };
-    let tol = GradCheck {
-        eps: 1e-3,
-        atol: 2e-3,
-        rtol: 1e-3,
-    };
+    let tol = GradCheck::default().eps(1e-3).atol(2e-3).rtol(1e-3);
     gradcheck(only_second, &mixed_inputs(), tol).unwrap();
     let only_first = |xs: &[Tensor]| -> pyop::Result<Vec<Tensor>> {
         Ok(vec![four_in_three_out(&xs[0], &xs[1], &xs[2], &xs[3])?.0])
@@ -196,11 +188,7 @@ fn a_rust_gradient() {
     gradcheck(
         f,
         &inputs,
-        GradCheck {
-            eps: 1e-2,
-            atol: 1e-2,
-            rtol: 1e-2,
-        },
+        GradCheck::default().eps(1e-2).atol(1e-2).rtol(1e-2),
     )
     .unwrap();
 }

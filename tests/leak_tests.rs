@@ -2,7 +2,7 @@
 //! Python.
 
 use pyop::candle::{DType, Device, Tensor};
-use pyop::pyo3::prelude::*;
+use pyop::interop::pyo3::prelude::*;
 use pyop::{py_op, Arg, OutSpec, PyOp};
 
 /// The two tests measure the whole process, so they take turns.

@@ -580,7 +580,7 @@ fn runtime_ops_get_their_own_namespace() {
 
 #[test]
 fn runtime_op_from_a_python_callable() {
-    use pyop::pyo3::prelude::*;
+    use pyop::interop::pyo3::prelude::*;
     let f = Python::attach(|py| -> PyResult<Py<PyAny>> {
         let m = PyModule::from_code(
             py,
@@ -639,7 +639,7 @@ fn bad_sources_are_errors() {
                 .tout([])
                 .build(),
             ErrorKind::Source,
-            "cannot load the source module `no_such_module_pyop`",
+            "cannot load the module `no_such_module_pyop`",
         ),
         (
             PyOp::builder("raises")

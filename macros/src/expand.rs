@@ -84,7 +84,12 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         }
     } else if let Some(code) = &opts.code {
         let lit = &code.value;
-        quote!(#p::SourceDecl::Code(#lit))
+        let line = quote_spanned!(lit.span()=> ::core::line!());
+        // Python's line n is the `.rs` file's line `line + n - 1` unless escapes (`\n`, a `\`
+        // at a line's end) make the literal's text span other lines than its value.
+        let lines_match =
+            lit.value().matches('\n').count() == lit.token().to_string().matches('\n').count();
+        quote!(#p::SourceDecl::Code { text: #lit, line: #line, lines_match: #lines_match })
     } else {
         let lit = &opts.module.as_ref().expect("validated: one source").value;
         quote!(#p::SourceDecl::Module(#lit))
@@ -156,12 +161,14 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let n_out = opts.tout.as_ref().expect("validated").value.outputs.len();
     let line_span = ident.span();
     let line = quote_spanned!(line_span=> ::core::line!());
     quote! {
         #(#attrs)*
         #vis #sig {
-            static __PYOP_DECL: #p::OpDecl = #p::OpDecl {
+            static __PYOP_TOUT: [#p::OutSpec; #n_out] = [#(#tout),*];
+            static __PYOP_DECL: #p::OpDecl = #p::OpDecl::__new(#p::OpDeclParts {
                 name: #name,
                 module_path: ::core::module_path!(),
                 file: ::core::file!(),
@@ -169,14 +176,21 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 source: #source,
                 function: #function,
                 mode: #mode,
-                tout: &[#(#tout),*],
+                tout: &__PYOP_TOUT,
                 grad: #grad,
                 params: &[#(#param_names),*],
                 timeout_ms: #timeout,
-            };
-            static __PYOP_OP: #p::StaticOp = #p::StaticOp::new(&__PYOP_DECL);
+            });
+            static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
             #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
-            let __pyop_outputs = __PYOP_OP.call(&[#(#args),*], #device)?;
+            #p::inventory::submit! {
+                #p::BuildEnv {
+                    manifest_dir: ::core::env!("CARGO_MANIFEST_DIR"),
+                    pyop_python_env: ::core::option_env!("PYOP_PYTHON_ENV"),
+                    virtual_env: ::core::option_env!("VIRTUAL_ENV"),
+                }
+            }
+            let __pyop_outputs = __PYOP_OP.__call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
         }
     }

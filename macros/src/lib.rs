@@ -13,7 +13,86 @@ mod valid;
 
 use proc_macro::TokenStream;
 
-/// Declares a candle op whose body is a Python function. See the `pyop` crate's documentation.
+/// Declares a candle op whose body is a Python function.
+///
+/// Write the Rust signature, end it with `;`, and give the body's source and its outputs; the
+/// attribute writes the function, which calls the body and checks what it returns:
+///
+/// ```
+/// use pyop::{py_op, Tensor};
+/// use pyop::candle::Device;
+///
+/// // Tensor mode (default): the body gets `pyop.Tensor`s wrapping the very candle tensors.
+/// #[py_op(code = r#"
+/// def softplus(x, beta):
+///     return (1 + (x * beta).exp()).log() / beta
+/// "#, tout = f32)]
+/// fn softplus(x: &Tensor, beta: f64) -> pyop::Result<Tensor>;
+///
+/// // Numpy mode: the body gets read-only NumPy views of the candle storage.
+/// #[py_op(code = "import numpy as np\ndef cummax(x):\n    return np.maximum.accumulate(x)",
+///         numpy, tout = f32[x])]
+/// fn cummax(x: &Tensor) -> pyop::Result<Tensor>;
+///
+/// # fn main() -> pyop::Result<()> {
+/// let x = Tensor::new(&[0f32, 3., 1., 4.], &Device::Cpu)?;
+/// assert_eq!(cummax(&x)?.to_vec1::<f32>()?, [0., 3., 3., 4.]);
+/// let y = softplus(&x, 1.0)?.to_vec1::<f32>()?;
+/// assert!((y[0] - std::f32::consts::LN_2).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+///
+/// # Options
+///
+/// | option | meaning |
+/// |---|---|
+/// | `file = "py/ops.py"` | body source: a file relative to the crate's `Cargo.toml`, embedded at compile time (editing it rebuilds; the binary needs no Python files) |
+/// | `code = "..."` | body source: inline Python (a string literal; raw strings keep tracebacks on the `.rs` file's lines) |
+/// | `package = "py/mylib"` | body source: a folder embedded at compile time and imported from memory as package `mylib` (bodies can `from . import helpers`); the body is in `mylib`, or in `module = "mylib.sub"` |
+/// | `module = "pkg.mod"` | body source: a module imported from `sys.path` on first call |
+/// | `name = "f"` | the Python function's name; default: the Rust function's |
+/// | `numpy` | numpy mode; default: tensor mode |
+/// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]` |
+/// | `grad = "f_grad"` | a gradient in Python, in the same source: `f_grad(inputs, outputs, grads)` |
+/// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |
+/// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`) |
+/// | `crate = "my::pyop"` | where the generated code finds pyop, for crates that re-export it |
+///
+/// One of `file`, `code`, `package` and `module` is required (`module` may also pick a module
+/// inside a `package`).
+///
+/// # Parameters and return type
+///
+/// Parameters are passed to Python positionally in declaration order: `&Tensor`; `f64`, `i64`,
+/// `bool`, `&str` (Python `float`, `int`, `bool`, `str`); `&[Tensor]` (a list); `&[f64]`,
+/// `&[i64]` (lists); `Option<…>` of any of these (`None`); and one optional `&Device`, not passed
+/// to Python, naming the outputs' device (default: the inputs' device).
+///
+/// The return type is `Result<Tensor>`, `Result<(Tensor, …)>` (up to 12) or `Result<()>`, with
+/// `pyop::Result`, `candle_core::Result`, `anyhow::Result` or any `Result<_, E>` where
+/// `E: From<pyop::Error>`:
+///
+/// ```
+/// use pyop::{py_op, Tensor};
+///
+/// #[py_op(code = "def halve(x):\n    return x / 2", tout = f64)]
+/// fn halve(x: &Tensor) -> pyop::candle::Result<Tensor>;
+///
+/// fn quarter(x: &Tensor) -> pyop::candle::Result<Tensor> {
+///     halve(&halve(x)?)  // `?` in candle code, no conversion needed
+/// }
+/// # let x = Tensor::new(&[8f64], &pyop::candle::Device::Cpu).unwrap();
+/// # assert_eq!(quarter(&x).unwrap().to_vec1::<f64>().unwrap(), [2.0]);
+/// ```
+///
+/// # Checked at compile time
+///
+/// Every mistake in the declaration is a compile error on the offending token, all reported at
+/// once: unknown or duplicate keys, unknown dtypes, two sources or none, `tout` arity against
+/// the return type, malformed shapes, unsupported parameter or return types, generics, `async`,
+/// `self`, a body, a missing `file` or `package` folder, and dtypes NumPy cannot hold (bf16, f8)
+/// in numpy mode. What only Python can tell — the function exists and takes these arguments,
+/// the source compiles, NumPy imports — `pyop::validate()` checks at start-up.
 #[proc_macro_attribute]
 pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::py_op(args.into(), item.into()).into()

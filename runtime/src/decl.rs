@@ -14,34 +14,41 @@ use crate::source::Source;
 use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
-/// An op as `#[py_op]` declared it. The macro builds one as a `static`; read them all with
-/// [`registered_ops`].
+/// An op as `#[py_op]` declared it: read it with the accessors; [`registered_ops`] lists them
+/// all.
 #[derive(Debug)]
-pub struct OpDecl {
-    /// The Rust function's name (also the op's name in errors).
+pub struct OpDecl(OpDeclParts);
+
+/// What `#[py_op]` writes into an [`OpDecl`]; not a public API (its fields may change in any
+/// release).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct OpDeclParts {
     pub name: &'static str,
-    /// `module_path!()` of the declaration.
     pub module_path: &'static str,
-    /// The Rust file and line of the declaration.
     pub file: &'static str,
     pub line: u32,
     pub source: SourceDecl,
-    /// The Python function's name.
     pub function: &'static str,
     pub mode: Mode,
     pub tout: &'static [OutSpec],
     pub grad: Option<GradDecl>,
-    /// The Rust parameter names passed to Python, in order.
     pub params: &'static [&'static str],
-    /// A time limit for every call, in milliseconds.
     pub timeout_ms: Option<u64>,
 }
 
 /// Where a declared op's body comes from.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SourceDecl {
-    /// `code = "..."`.
-    Code(&'static str),
+    /// `code = "..."`: its text, the `.rs` line where the literal starts, and whether the
+    /// literal's lines are the `.rs` file's lines (no `\n` escapes), so that Python's line
+    /// numbers can be the file's.
+    Code {
+        text: &'static str,
+        line: u32,
+        lines_match: bool,
+    },
     /// `file = "..."`: the path as written, its absolute path, and its text embedded at compile
     /// time.
     File {
@@ -66,6 +73,7 @@ pub enum SourceDecl {
 
 /// A declared gradient.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum GradDecl {
     /// `grad = "name"`: a Python function in the op's source.
     Python(&'static str),
@@ -74,22 +82,88 @@ pub enum GradDecl {
 }
 
 impl OpDecl {
+    #[doc(hidden)]
+    pub const fn __new(parts: OpDeclParts) -> Self {
+        OpDecl(parts)
+    }
+
+    /// The Rust function's name (also the op's name in errors).
+    pub fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    /// `module_path!()` of the declaration.
+    pub fn module_path(&self) -> &'static str {
+        self.0.module_path
+    }
+
     /// `module::path::name` of the Rust function: the registry's key.
     pub fn rust_path(&self) -> String {
-        format!("{}::{}", self.module_path, self.name)
+        format!("{}::{}", self.0.module_path, self.0.name)
+    }
+
+    /// The Rust file of the declaration, as `file!()` gives it.
+    pub fn file(&self) -> &'static str {
+        self.0.file
+    }
+
+    /// The line of the declaration.
+    pub fn line(&self) -> u32 {
+        self.0.line
+    }
+
+    /// The Python function's name.
+    pub fn function(&self) -> &'static str {
+        self.0.function
+    }
+
+    /// Tensor or numpy mode.
+    pub fn mode(&self) -> Mode {
+        self.0.mode
+    }
+
+    /// The declared outputs.
+    pub fn tout(&self) -> &'static [OutSpec] {
+        self.0.tout
+    }
+
+    /// The declared gradient, if any.
+    pub fn gradient(&self) -> Option<&GradDecl> {
+        self.0.grad.as_ref()
+    }
+
+    /// The Rust parameter names passed to Python, in order.
+    pub fn params(&self) -> &'static [&'static str] {
+        self.0.params
+    }
+
+    /// The time limit of every call, if declared (`timeout_ms`).
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.0.timeout_ms.map(std::time::Duration::from_millis)
+    }
+
+    /// Where the body comes from, as declared.
+    pub fn source_decl(&self) -> &SourceDecl {
+        &self.0.source
     }
 
     /// The runtime source of this declaration.
     pub fn source(&self) -> Source {
-        match &self.source {
-            SourceDecl::Code(code) => Source::Code {
-                code: Cow::Borrowed(code),
-                filename: Cow::Owned(format!(
-                    "<pyop code of {} at {}:{}>",
-                    self.rust_path(),
-                    self.file,
-                    self.line
-                )),
+        let d = &self.0;
+        match &d.source {
+            SourceDecl::Code {
+                text,
+                line,
+                lines_match: true,
+            } => Source::Code {
+                code: Cow::Borrowed(text),
+                filename: Cow::Borrowed(d.file),
+                first_line: *line,
+            },
+            SourceDecl::Code { text, line, .. } => Source::Code {
+                code: Cow::Borrowed(text),
+                filename: Cow::Owned(format!("<inline code at {}:{line}>", d.file)),
+                first_line: 1,
             },
             SourceDecl::File { abs, text, .. } => Source::File {
                 path: Cow::Borrowed(abs),
@@ -115,16 +189,17 @@ impl OpDecl {
     }
 
     fn build(&self) -> Result<PyOp> {
-        let mut b = OpBuilder::from_source(self.name, self.source())
-            .function(self.function)
-            .mode(self.mode)
-            .tout(self.tout.iter().cloned());
-        b = match &self.grad {
+        let d = &self.0;
+        let mut b = OpBuilder::from_source(d.name, self.source())
+            .function(d.function)
+            .mode(d.mode)
+            .tout(d.tout.iter().cloned());
+        b = match &d.grad {
             None => b,
             Some(GradDecl::Python(g)) => b.gradient(*g),
             Some(GradDecl::Rust(f, _)) => b.gradient_rust(*f),
         };
-        if let Some(ms) = self.timeout_ms {
+        if let Some(ms) = d.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));
         }
         b.build_in(true).map_err(|e| e.at_declaration(self))
@@ -138,7 +213,8 @@ pub struct StaticOp {
 }
 
 impl StaticOp {
-    pub const fn new(decl: &'static OpDecl) -> Self {
+    #[doc(hidden)]
+    pub const fn __new(decl: &'static OpDecl) -> Self {
         Self {
             decl,
             op: OnceLock::new(),
@@ -155,8 +231,10 @@ impl StaticOp {
         Ok(self.op.get_or_init(|| built))
     }
 
-    /// Calls the op; `device` is the declaration's `&Device` parameter, if any.
-    pub fn call(&self, args: &[Arg<'_>], device: Option<&Device>) -> Result<Vec<Tensor>> {
+    /// Calls the op; `device` is the declaration's `&Device` parameter, if any. What the
+    /// function `#[py_op]` writes calls; not a public API.
+    #[doc(hidden)]
+    pub fn __call(&self, args: &[Arg<'_>], device: Option<&Device>) -> Result<Vec<Tensor>> {
         let options = CallOptions {
             device,
             timeout: None,
@@ -188,7 +266,7 @@ pub fn registered_ops() -> Vec<&'static StaticOp> {
         .into_iter()
         .map(|r| r.0)
         .collect();
-    all.sort_by_key(|op| (op.decl.module_path, op.decl.name));
+    all.sort_by_key(|op| (op.decl.module_path(), op.decl.name()));
     all
 }
 
@@ -199,7 +277,7 @@ pub fn registered_op(key: &str) -> Option<&'static StaticOp> {
     if let Some(op) = all.iter().find(|op| op.decl.rust_path() == key) {
         return Some(op);
     }
-    let mut named = all.into_iter().filter(|op| op.decl.name == key);
+    let mut named = all.into_iter().filter(|op| op.decl.name() == key);
     match (named.next(), named.next()) {
         (Some(op), None) => Some(op),
         _ => None,

@@ -54,12 +54,36 @@ pub enum ErrorKind {
     Candle,
 }
 
-/// An error from a pyop op.
+/// An error from a pyop op, from [`validate`](crate::validate), or from candle.
+///
+/// Match on [`kind`](Error::kind) rather than on messages; [`op`](Error::op),
+/// [`index`](Error::index) and [`traceback`](Error::traceback) say where it came from.
+///
+/// ```
+/// use pyop::candle::{DType, Device, Tensor};
+/// use pyop::{Arg, ErrorKind, OutSpec, PyOp};
+///
+/// let op = PyOp::builder("checked_log")
+///     .code("import numpy as np\ndef checked_log(x):\n    if (x <= 0).any():\n        raise ValueError('log of a non-positive number')\n    return np.log(x)")
+///     .numpy()
+///     .tout([OutSpec::new(DType::F64)])
+///     .build()?;
+/// let x = Tensor::new(&[1f64, -1.], &Device::Cpu)?;
+/// match op.call(&[Arg::from(&x)]) {
+///     Err(e) if e.kind() == ErrorKind::InvalidArgument => {
+///         assert_eq!(e.op(), Some("checked_log"));
+///         assert!(e.to_string().contains("ValueError: log of a non-positive number"));
+///         assert!(e.traceback().unwrap().contains("in checked_log"));
+///     }
+///     other => panic!("expected a ValueError, got {other:?}"),
+/// }
+/// # Ok::<(), pyop::Error>(())
+/// ```
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The body raised a Python exception.
-    #[error("op `{op}`: {exception}: {message}{}", fmt_traceback(traceback))]
+    #[error("{}{exception}: {message}{}", op_prefix(op), fmt_traceback(traceback))]
     Python {
         op: String,
         kind: ErrorKind,
@@ -71,7 +95,7 @@ pub enum Error {
     },
 
     /// A value the body (or gradient) returned does not match what was declared.
-    #[error("op `{op}`: {what}")]
+    #[error("{}{what}", op_prefix(op))]
     Mismatch {
         op: String,
         kind: ErrorKind,
@@ -81,7 +105,7 @@ pub enum Error {
     },
 
     /// A failure of pyop itself or of its environment, with a hint of what to do.
-    #[error("op `{op}`: {message}")]
+    #[error("{}{message}", op_prefix(op))]
     Op {
         op: String,
         kind: ErrorKind,
@@ -91,6 +115,16 @@ pub enum Error {
     /// An error from candle.
     #[error(transparent)]
     Candle(candle_core::Error),
+}
+
+/// "op `name`: ", or nothing for an error that does not come from one op (`validate()`,
+/// `gradcheck`, setting up the interpreter).
+fn op_prefix(op: &str) -> String {
+    if op.is_empty() {
+        String::new()
+    } else {
+        format!("op `{op}`: ")
+    }
 }
 
 fn fmt_traceback(tb: &str) -> String {
@@ -124,7 +158,7 @@ impl Error {
     pub fn op(&self) -> Option<&str> {
         match self {
             Error::Python { op, .. } | Error::Mismatch { op, .. } | Error::Op { op, .. } => {
-                Some(op)
+                Some(op.as_str()).filter(|op| !op.is_empty())
             }
             Error::Candle(_) => None,
         }
@@ -173,8 +207,8 @@ impl Error {
         let at = format!(
             " (op declared as {} at {}:{})",
             decl.rust_path(),
-            decl.file,
-            decl.line
+            decl.file(),
+            decl.line()
         );
         match &mut self {
             Error::Python { message: m, .. }
@@ -198,7 +232,7 @@ impl Error {
 
     /// Names the op, if the error was made before the op was known.
     pub(crate) fn with_op_if_empty(self, name: &str) -> Self {
-        if self.op().is_some_and(str::is_empty) {
+        if self.op().is_none() && !matches!(self, Error::Candle(_)) {
             self.with_op(name)
         } else {
             self

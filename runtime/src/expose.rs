@@ -18,13 +18,31 @@ use crate::grad::panic_message;
 use crate::python::with_gil;
 use crate::tensor::{error_to_python, PyTensor};
 
-/// A value passed between a body and an exposed Rust function.
+/// A value passed between a body and an exposed Rust function ([`expose`]).
+///
+/// ```
+/// use pyop::Value;
+///
+/// // What a body's `pyop.rust.scale([1, 2], 0.5, name="x")`-style arguments look like in Rust:
+/// let args = vec![Value::List(vec![Value::I64(1), Value::I64(2)]), Value::F64(0.5)];
+/// assert_eq!(args[1].f64()?, 0.5);
+/// assert_eq!(Value::I64(3).f64()?, 3.0); // ints widen to f64
+/// let err = args[0].tensor().unwrap_err(); // the wrong kind of value is an error, not a panic
+/// assert_eq!(err.kind(), pyop::ErrorKind::InvalidArgument);
+/// # Ok::<(), pyop::Error>(())
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Value {
+    /// Python `None`.
     None,
+    /// A `bool`.
     Bool(bool),
+    /// An `int` that fits in i64.
     I64(i64),
+    /// A `float`.
     F64(f64),
+    /// A `str`.
     Str(String),
     /// A `pyop.Tensor`, or a NumPy array (an input's own view is the input itself; any other
     /// array is copied).
@@ -182,11 +200,17 @@ fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
 /// Makes `f` callable from every body as `pyop.rust.<name>(...)`; registering a name again
 /// replaces the function.
 ///
-/// ```no_run
-/// use pyop_runtime::{expose, Value};
+/// ```
+/// use pyop::candle::{Device, Tensor};
+/// use pyop::{expose, py_op, Value};
+///
+/// #[py_op(code = "import pyop\ndef twice_plus_one(x):\n    return pyop.rust.double(x) + 1", tout = f32)]
+/// fn twice_plus_one(x: &Tensor) -> pyop::Result<Tensor>;
+///
 /// expose("double", |args| Ok(Value::from((args[0].tensor()? * 2.0)?)))?;
-/// // in a body:  y = pyop.rust.double(x)
-/// # Ok::<(), pyop_runtime::Error>(())
+/// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
+/// assert_eq!(twice_plus_one(&x)?.to_vec1::<f32>()?, [3.0, 5.0]);
+/// # Ok::<(), pyop::Error>(())
 /// ```
 pub fn expose<F>(name: &str, f: F) -> Result<()>
 where
@@ -196,7 +220,7 @@ where
         name: name.to_owned(),
         f: Arc::new(f),
     };
-    with_gil("expose", |py| {
+    with_gil("", |py| {
         let run = || -> PyResult<()> {
             let rust = py.import("pyop")?.getattr("rust")?;
             rust.setattr(name, Bound::new(py, function)?)

@@ -631,8 +631,10 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 // Checking gradients against finite differences
 // ---------------------------------------------------------------------------------------------
 
-/// Tolerances of [`gradcheck`].
+/// Tolerances of [`gradcheck`]: `GradCheck::default()`, or changed with its setters,
+/// `GradCheck::default().atol(1e-8)`.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct GradCheck {
     /// Step of the central differences.
     pub eps: f64,
@@ -652,10 +654,32 @@ impl Default for GradCheck {
     }
 }
 
+impl GradCheck {
+    /// Sets the step of the central differences.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    /// Sets the absolute tolerance.
+    pub fn atol(mut self, atol: f64) -> Self {
+        self.atol = atol;
+        self
+    }
+
+    /// Sets the relative tolerance.
+    pub fn rtol(mut self, rtol: f64) -> Self {
+        self.rtol = rtol;
+        self
+    }
+}
+
 /// What [`gradcheck`] found: the largest difference between the analytic and the numeric
 /// gradient, per input.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct GradReport {
+    /// Per input, the largest |analytic − numeric| over its elements (0 for integer inputs).
     pub max_abs_error: Vec<f64>,
 }
 
@@ -667,6 +691,26 @@ pub struct GradReport {
 /// `Σ_j Σ (y_j · w_j)` with fixed pseudo-random weights `w_j`, so every output element counts.
 /// Integer inputs and outputs are left out. Returns an error of kind
 /// [`ErrorKind::GradientMismatch`] naming the input and element where the two disagree.
+///
+/// ```
+/// use pyop::candle::{Device, Tensor};
+/// use pyop::{gradcheck, py_op, GradCheck};
+///
+/// // A numpy-mode op with its gradient in Python: d/dx sin(x) = cos(x).
+/// #[py_op(code = r#"
+/// import numpy as np
+/// def sine(x):
+///     return np.sin(x)
+/// def sine_grad(inputs, outputs, grads):
+///     return grads[0] * np.cos(inputs[0])
+/// "#, numpy, tout = f64, grad = "sine_grad")]
+/// fn sine(x: &Tensor) -> pyop::Result<Tensor>;
+///
+/// let x = Tensor::new(&[0.1f64, 0.7, 2.0], &Device::Cpu)?;
+/// let report = gradcheck(|xs| Ok(vec![sine(&xs[0])?]), &[x], GradCheck::default())?;
+/// assert!(report.max_abs_error[0] < 1e-8);
+/// # Ok::<(), pyop::Error>(())
+/// ```
 pub fn gradcheck<F>(f: F, inputs: &[Tensor], tol: GradCheck) -> Result<GradReport>
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>>,
@@ -695,7 +739,7 @@ where
         }
         total.ok_or_else(|| {
             Error::op_failure(
-                "gradcheck",
+                "",
                 ErrorKind::InvalidArgument,
                 "the function has no float output",
             )
@@ -732,12 +776,18 @@ where
             worst = worst.max(err);
             if err > tol.atol + tol.rtol * numeric.abs() || err.is_nan() {
                 return Err(Error::mismatch(
-                    "gradcheck",
+                    "",
                     ErrorKind::GradientMismatch,
                     Some(i),
                     format!(
-                        "input {i}, element {k}: analytic gradient {} but finite differences give {numeric}",
-                        analytic[k]
+                        "input {i}, element {k}: analytic gradient {} but finite differences give {numeric}{}",
+                        analytic[k],
+                        if x.dtype() == DType::F64 {
+                            ""
+                        } else {
+                            " (finite differences in a type narrower than f64 are too coarse for \
+                             the default eps: check the gradient with f64 inputs)"
+                        }
                     ),
                 ));
             }

@@ -5,6 +5,7 @@
 mod alloc;
 mod convert;
 mod decl;
+mod env;
 mod error;
 mod expose;
 mod grad;
@@ -19,25 +20,26 @@ mod timeout;
 mod validate;
 
 pub use convert::Arg;
-pub use decl::{
-    op_stats, registered_op, registered_ops, GradDecl, OpDecl, Registration, SourceDecl, StaticOp,
-};
+pub use decl::{op_stats, registered_op, registered_ops, GradDecl, OpDecl, SourceDecl, StaticOp};
+pub use env::{EnvSource, Interpreter, PythonEnv};
 pub use error::{Error, ErrorKind, Result};
 pub use expose::{expose, Value};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
 pub use op::{CallOptions, OpBuilder, PyOp};
-pub use python::{python_env, PythonEnv};
+pub use python::python_env;
 pub use reload::set_hot_reload;
 pub use source::Source;
-pub use spec::{numpy_can_hold, tout_to_string, Mode, OutSpec};
+pub use spec::{numpy_can_hold, Mode, OutSpec};
 pub use stats::OpStats;
 pub use tensor::{error_to_python, OpTimeout, PyTensor, RustError};
-pub use validate::{manifest_json, validate, validation_report, Problem, ValidationReport};
+pub use validate::{manifest_json, validate, validation_report, OpRef, Problem, ValidationReport};
 
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, Registration, SourceDecl, StaticOp};
+    pub use crate::decl::{OpDeclParts, Registration};
+    pub use crate::env::BuildEnv;
+    pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;
 

@@ -62,12 +62,48 @@ impl std::fmt::Debug for PyOp {
 }
 
 /// Per-call options of [`PyOp::call_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// use pyop::candle::{DType, Device, Tensor};
+/// use pyop::{Arg, CallOptions, ErrorKind, OutSpec, PyOp};
+///
+/// let spin = PyOp::builder("spin")
+///     .code("def spin(x):\n    while True:\n        pass")
+///     .tout([OutSpec::new(DType::F32)])
+///     .build()?;
+/// let x = Tensor::new(&[1f32], &Device::Cpu)?;
+/// let options = CallOptions::new().timeout(Duration::from_millis(50));
+/// let err = spin.call_with(&[Arg::from(&x)], &options).unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::Timeout);
+/// # Ok::<(), pyop::Error>(())
+/// ```
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CallOptions<'a> {
     /// The outputs' device; default: the inputs' device, or the CPU without tensor inputs.
     pub device: Option<&'a Device>,
     /// A time limit for this call, overriding the op's own.
     pub timeout: Option<Duration>,
+}
+
+impl<'a> CallOptions<'a> {
+    /// No options: the inputs' device, the op's own time limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Puts the outputs on `device`.
+    pub fn device(mut self, device: &'a Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// Interrupts this call's body after `limit`.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
 }
 
 impl PyOp {
@@ -114,7 +150,23 @@ impl PyOp {
         self.inner.counters.snapshot()
     }
 
-    /// Calls the op: one output tensor per `tout` entry, on the inputs' device.
+    /// Calls the op: one output tensor per `tout` entry, on the inputs' device. Arguments are
+    /// passed to the body positionally, each made with `Arg::from` (or `Arg::None` for `None`).
+    ///
+    /// ```
+    /// use pyop::candle::{DType, Device, Tensor};
+    /// use pyop::{Arg, OutSpec, PyOp};
+    ///
+    /// let clip = PyOp::builder("clip")
+    ///     .code("import numpy as np\ndef clip(x, lo, hi):\n    return np.clip(x, lo, hi)")
+    ///     .numpy()
+    ///     .tout([OutSpec::new(DType::F64)])
+    ///     .build()?;
+    /// let x = Tensor::new(&[-2f64, 0.5, 3.], &Device::Cpu)?;
+    /// let y = clip.call(&[Arg::from(&x), Arg::from(-1.0), Arg::from(1.0)])?;
+    /// assert_eq!(y[0].to_vec1::<f64>()?, [-1.0, 0.5, 1.0]);
+    /// # Ok::<(), pyop::Error>(())
+    /// ```
     pub fn call(&self, args: &[Arg<'_>]) -> Result<Vec<Tensor>> {
         self.call_with(args, &CallOptions::default())
     }
@@ -252,9 +304,10 @@ enum BodySpec {
 
 /// Builds a [`PyOp`] at run time, like `tf.py_function` taking a function at call time.
 ///
-/// ```no_run
-/// use candle_core::{DType, Device, Tensor};
-/// use pyop_runtime::{Arg, OutSpec, PyOp};
+/// ```
+/// use pyop::candle::{DType, Device, Tensor};
+/// use pyop::{Arg, OutSpec, PyOp};
+///
 /// let op = PyOp::builder("double")
 ///     .code("def double(x):\n    return x * 2")
 ///     .numpy()
@@ -262,7 +315,8 @@ enum BodySpec {
 ///     .build()?;
 /// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
 /// let y = op.call(&[Arg::from(&x)])?;
-/// # Ok::<(), pyop_runtime::Error>(())
+/// assert_eq!(y[0].to_vec1::<f32>()?, [2.0, 4.0]);
+/// # Ok::<(), pyop::Error>(())
 /// ```
 #[must_use]
 pub struct OpBuilder {
@@ -297,6 +351,7 @@ impl OpBuilder {
         self.body = BodySpec::Source(Source::Code {
             code: Cow::Owned(code.into()),
             filename: Cow::Owned(filename),
+            first_line: 1,
         });
         self
     }

@@ -5,7 +5,6 @@
 //! and measures how long the caller waited for the GIL. Python errors are turned into
 //! [`Error`]s here too, while the GIL is still held (a traceback cannot be formatted later).
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{
@@ -16,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTracebackMethods;
 
+use crate::env::PythonEnv;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Runs `f` with the GIL held; returns its result and how long this thread waited for the GIL.
@@ -49,19 +49,6 @@ pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
-/// Which Python environment the interpreter was given, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PythonEnv {
-    /// The environment's root folder, or `None` when only the interpreter's own packages are used.
-    pub root: Option<PathBuf>,
-    /// The `site-packages` folder added to `sys.path`.
-    pub site_packages: Option<PathBuf>,
-    /// Why this environment: `PYOP_PYTHON_ENV`, `VIRTUAL_ENV`, `.venv` or `none`.
-    pub source: &'static str,
-    /// `sys.version` of the running interpreter.
-    pub version: String,
-}
-
 static READY: PyOnceLock<PythonEnv> = PyOnceLock::new();
 
 fn ensure_ready(py: Python<'_>) -> Result<&'static PythonEnv> {
@@ -92,8 +79,7 @@ pub fn python_env() -> Result<PythonEnv> {
     Python::attach(|py| ensure_ready(py).cloned())
 }
 
-/// Finds the environment: `PYOP_PYTHON_ENV`, else `VIRTUAL_ENV`, else the nearest `.venv` in the
-/// current folder or one of its parents; an embedded interpreter honours none of these by itself.
+/// Line-buffers Python's stdout and stderr, then finds and checks the environment.
 fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
     let sys = py.import("sys")?;
     // Rust's stdout is line-buffered; Python's is block-buffered when not a terminal. Line
@@ -107,62 +93,12 @@ fn set_up_environment(py: Python<'_>) -> PyResult<PythonEnv> {
             }
         }
     }
-    let version: String = sys.getattr("version")?.extract()?;
-    let (major, minor): (u32, u32) = sys
-        .getattr("version_info")?
-        .extract::<(u32, u32, u32, String, u32)>()
-        .map(|v| (v.0, v.1))?;
-    let found = std::env::var_os("PYOP_PYTHON_ENV")
-        .filter(|v| !v.is_empty())
-        .map(|v| (PathBuf::from(v), "PYOP_PYTHON_ENV"))
-        .or_else(|| {
-            std::env::var_os("VIRTUAL_ENV")
-                .filter(|v| !v.is_empty())
-                .map(|v| (PathBuf::from(v), "VIRTUAL_ENV"))
-        })
-        .or_else(|| {
-            let cwd = std::env::current_dir().ok()?;
-            cwd.ancestors()
-                .map(|d| d.join(".venv"))
-                .find(|d| d.join("pyvenv.cfg").is_file())
-                .map(|d| (d, ".venv"))
-        });
-    let Some((root, source)) = found else {
-        return Ok(PythonEnv {
-            root: None,
-            site_packages: None,
-            source: "none",
-            version,
-        });
-    };
-    let site_packages = site_packages_of(&root, major, minor);
-    if let Some(sp) = &site_packages {
-        py.import("site")?
-            .call_method1("addsitedir", (sp.to_string_lossy().as_ref(),))?;
-    } else {
-        tracing::warn!(
-            env = %root.display(),
-            "pyop: {source} names {} but it has no site-packages for Python {major}.{minor}",
-            root.display()
-        );
-    }
-    Ok(PythonEnv {
-        root: Some(root),
-        site_packages,
-        source,
-        version,
-    })
+    crate::env::set_up(py)
 }
 
-fn site_packages_of(root: &Path, major: u32, minor: u32) -> Option<PathBuf> {
-    [
-        root.join("lib")
-            .join(format!("python{major}.{minor}"))
-            .join("site-packages"),
-        root.join("Lib").join("site-packages"),
-    ]
-    .into_iter()
-    .find(|p| p.is_dir())
+/// The environment, once the interpreter is set up.
+pub(crate) fn current_env(py: Python<'_>) -> Option<&'static PythonEnv> {
+    READY.get(py)
 }
 
 static NUMPY: PyOnceLock<()> = PyOnceLock::new();
@@ -173,18 +109,30 @@ pub(crate) fn ensure_numpy(py: Python<'_>, op: &str) -> Result<()> {
         .get_or_try_init(py, || match py.import("numpy") {
             Ok(_) => Ok(()),
             Err(e) => {
-                let env = READY.get(py);
-                let where_ = match env.and_then(|e| e.root.as_ref()) {
-                    Some(root) => format!("the environment {} ", root.display()),
-                    None => "the interpreter's own site-packages ".to_owned(),
+                let (used, fix, note) = match READY.get(py) {
+                    Some(env) => (
+                        env.describe(),
+                        env.pip_install("numpy"),
+                        env.problems_note(),
+                    ),
+                    None => (
+                        String::new(),
+                        "`pip install numpy`".to_owned(),
+                        String::new(),
+                    ),
                 };
                 Err(Error::op_failure(
                     op,
                     ErrorKind::PackageUnavailable,
                     format!(
-                        "numpy mode needs NumPy, which the embedded Python cannot import ({}); \
-                         install it into {where_}(`python3 -m pip install numpy`), or point \
-                         PYOP_PYTHON_ENV or VIRTUAL_ENV at a venv that has it",
+                        "{} needs NumPy, which the embedded Python cannot import ({}); \
+                         pyop uses {used}: install it with {fix}, or point PYOP_PYTHON_ENV at a \
+                         venv that has it{note}",
+                        if op.is_empty() {
+                            "`Tensor.numpy()`"
+                        } else {
+                            "numpy mode"
+                        },
                         describe(py, &e)
                     ),
                 ))
@@ -245,10 +193,20 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
     if err.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
         message.push_str(&missing_package_hint(py, &err));
     }
-    let traceback = err
+    let mut traceback = err
         .traceback(py)
         .map(|tb| format_traceback(py, &tb))
         .unwrap_or_default();
+    if err.is_instance_of::<pyo3::exceptions::PySyntaxError>(py) {
+        // `str()` of a SyntaxError ends in "(file, line N)", naming only the file's last part;
+        // the location is given in full, with the source line and a caret, instead.
+        if let Ok(msg) = err.value(py).getattr("msg").and_then(|m| m.extract()) {
+            message = msg;
+        }
+        if let Some(location) = syntax_error_location(py, &err) {
+            traceback.push_str(&location);
+        }
+    }
     Error::Python {
         op: op.to_owned(),
         kind,
@@ -258,18 +216,52 @@ pub(crate) fn python_error(py: Python<'_>, op: &str, err: PyErr) -> Error {
     }
 }
 
+/// The file name of pyop's own Python code (the `pyop` module's glue, the embedded importer):
+/// its frames are left out of the tracebacks users see.
+pub(crate) const PYOP_FRAMES: &str = "<pyop>";
+
 /// Formats a traceback with Python's `traceback` module, which reads source lines through
-/// `linecache` (where pyop puts embedded and inline sources), unlike `PyTraceBack_Print`.
+/// `linecache` (where pyop puts embedded and inline sources), unlike `PyTraceBack_Print`. Frames
+/// of pyop's own code and of the import machinery are left out: they say nothing about the
+/// user's code.
 fn format_traceback(py: Python<'_>, tb: &Bound<'_, pyo3::types::PyTraceback>) -> String {
-    let formatted = py
-        .import("traceback")
-        .and_then(|m| m.call_method1("format_tb", (tb,)))
-        .and_then(|lines| "".into_pyobject(py)?.call_method1("join", (lines,)))
-        .and_then(|s| s.extract::<String>());
+    let formatted = (|| -> PyResult<String> {
+        let traceback = py.import("traceback")?;
+        let frames = traceback.call_method1("extract_tb", (tb,))?;
+        let kept = pyo3::types::PyList::empty(py);
+        for frame in frames.try_iter()? {
+            let frame = frame?;
+            let file: String = frame.getattr("filename")?.extract()?;
+            if file != PYOP_FRAMES && !file.starts_with("<frozen importlib") {
+                kept.append(frame)?;
+            }
+        }
+        if kept.is_empty() {
+            return Ok(String::new());
+        }
+        let lines = traceback.call_method1("format_list", (kept,))?;
+        "".into_pyobject(py)?
+            .call_method1("join", (lines,))?
+            .extract()
+    })();
     match formatted {
+        Ok(body) if body.is_empty() => String::new(),
         Ok(body) => format!("Traceback (most recent call last):\n{body}"),
         Err(_) => tb.format().unwrap_or_default(),
     }
+}
+
+/// Where a syntax error is, as Python shows it: the file and line, the source line, and a caret.
+fn syntax_error_location(py: Python<'_>, err: &PyErr) -> Option<String> {
+    let lines = py
+        .import("traceback")
+        .ok()?
+        .call_method1("format_exception_only", (err.value(py),))
+        .ok()?;
+    let mut lines: Vec<String> = lines.extract().ok()?;
+    lines.pop(); // "SyntaxError: message", which the error's own text says
+    let text: String = lines.concat();
+    (!text.trim().is_empty()).then_some(text)
 }
 
 /// What to do about a package a body imports that is not installed.
@@ -280,9 +272,13 @@ fn missing_package_hint(py: Python<'_>, err: &PyErr) -> String {
         .and_then(|n| n.extract())
         .unwrap_or_default();
     let top = name.split('.').next().unwrap_or_default();
-    let into = match READY.get(py).and_then(|e| e.root.as_ref()) {
-        Some(root) => format!("into {}", root.display()),
-        None => "(no venv is active: set VIRTUAL_ENV or PYOP_PYTHON_ENV, or make a .venv)".into(),
-    };
-    format!(" (install it {into}: `python3 -m pip install {top}`)")
+    match READY.get(py) {
+        Some(env) => format!(
+            " (pyop uses {}: install it with {}{})",
+            env.describe(),
+            env.pip_install(top),
+            env.problems_note()
+        ),
+        None => format!(" (install it: `pip install {top}`)"),
+    }
 }

@@ -16,11 +16,14 @@ use crate::python::python_error;
 
 /// The Python source of an op's body.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Source {
-    /// Inline code; `filename` is what tracebacks show.
+    /// Inline code; `filename` is what tracebacks show, and its first line is line
+    /// `first_line` there (a `#[py_op]`'s `code` counts lines as its `.rs` file does).
     Code {
         code: Cow<'static, str>,
         filename: Cow<'static, str>,
+        first_line: u32,
     },
     /// A file's text (embedded at compile time by `#[py_op(file = ...)]`); `path` is the file's
     /// path, shown in tracebacks.
@@ -44,10 +47,17 @@ impl Source {
     /// Where the source came from, as the registry and error messages show it.
     pub fn describe(&self) -> String {
         match self {
-            Source::Code { filename, .. } => format!("code {filename}"),
-            Source::File { path, .. } => format!("file {path}"),
-            Source::Module(m) => format!("module {m}"),
-            Source::Package { root, module, .. } => format!("package {root} (module {module})"),
+            Source::Code {
+                filename,
+                first_line,
+                ..
+            } if !filename.starts_with('<') => format!("the code at {filename}:{first_line}"),
+            Source::Code { filename, .. } => format!("the code {filename}"),
+            Source::File { path, .. } => format!("the file {path}"),
+            Source::Module(m) => format!("the module `{m}`"),
+            Source::Package { root, module, .. } => {
+                format!("the package {root} (module `{module}`)")
+            }
         }
     }
 
@@ -62,7 +72,11 @@ impl Source {
 
     fn key(&self) -> String {
         match self {
-            Source::Code { code, filename } => format!("code:{filename}:{code}"),
+            Source::Code {
+                code,
+                filename,
+                first_line,
+            } => format!("code:{filename}:{first_line}:{code}"),
             Source::File { path, .. } => format!("file:{path}"),
             Source::Module(m) => format!("module:{m}"),
             Source::Package { name, module, .. } => format!("package:{name}:{module}"),
@@ -204,7 +218,7 @@ pub(crate) fn forget_lines(py: Python<'_>, source: &Source) {
 fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny>> {
     py.import(name)
         .map(Bound::into_any)
-        .map_err(|e| source_error(py, op, &format!("module `{name}`"), e))
+        .map_err(|e| source_error(py, op, &format!("the module `{name}`"), e))
 }
 
 /// A Python error met while loading a source: kind [`ErrorKind::Source`], saying which source.
@@ -220,7 +234,7 @@ fn source_error(py: Python<'_>, op: &str, what: &str, e: PyErr) -> Error {
             op,
             kind: ErrorKind::Source,
             exception,
-            message: format!("cannot load the source {what}: {message}"),
+            message: format!("cannot load {what}: {message}"),
             traceback,
         },
         e => e,
@@ -235,18 +249,28 @@ fn load<'py>(
     source: &Source,
     cache_lines: bool,
 ) -> Result<Bound<'py, PyAny>> {
-    let (text, filename): (&str, &str) = match source {
-        Source::Code { code, filename } => (code, filename),
-        Source::File { path, text } => (text, path),
+    let (text, filename, first_line): (&str, &str, u32) = match source {
+        Source::Code {
+            code,
+            filename,
+            first_line,
+        } => (code, filename, *first_line),
+        Source::File { path, text } => (text, path, 1),
         Source::Module(_) | Source::Package { .. } => unreachable!("imported, not loaded"),
+    };
+    // Blank lines in front make Python count lines as the file holding the code does.
+    let padded;
+    let text = if first_line > 1 {
+        padded = "\n".repeat(first_line as usize - 1) + text;
+        padded.as_str()
+    } else {
+        text
     };
     let run = || -> PyResult<Bound<'py, PyAny>> {
         let module = PyModule::new(py, &format!("pyop_body_{op}"))?;
         module.setattr("__file__", filename)?;
         if cache_lines {
-            let lines = PyModule::import(py, "linecache")?.getattr("cache")?;
-            let split = text.split_inclusive('\n').collect::<Vec<_>>();
-            lines.set_item(filename, (text.len(), py.None(), split, filename))?;
+            cache_source_lines(py, filename, text, first_line)?;
         }
         let builtins = PyModule::import(py, "builtins")?;
         let code = builtins
@@ -257,6 +281,28 @@ fn load<'py>(
         Ok(module.into_any())
     };
     run().map_err(|e| source_error(py, op, &source.describe(), e))
+}
+
+/// Puts a source's lines into `linecache` under `filename`. Several `code` literals of one `.rs`
+/// file share its name: each fills in its own lines (from `first_line` on), so a traceback through
+/// any of them shows the right text even where the `.rs` file is absent. The entry has no
+/// modification time, so `linecache.checkcache` keeps it.
+fn cache_source_lines(py: Python<'_>, filename: &str, text: &str, first_line: u32) -> PyResult<()> {
+    let cache = PyModule::import(py, "linecache")?.getattr("cache")?;
+    let mut lines: Vec<String> = match cache.get_item(filename) {
+        Ok(entry) if first_line > 1 => entry.get_item(2)?.extract()?,
+        _ => Vec::new(),
+    };
+    let new: Vec<&str> = text.split_inclusive('\n').collect();
+    if lines.len() < new.len() {
+        lines.resize(new.len(), "\n".to_owned());
+    }
+    let skip = first_line.saturating_sub(1) as usize;
+    for (i, line) in new.iter().enumerate().skip(skip) {
+        lines[i] = (*line).to_owned();
+    }
+    let size: usize = lines.iter().map(String::len).sum();
+    cache.set_item(filename, (size, py.None(), lines, filename))
 }
 
 /// The callable `name` in `module`, or an error naming the op and the source.
@@ -278,10 +324,50 @@ pub(crate) fn function<'py>(
                 crate::convert::describe_value(&f)
             ),
         )),
-        Err(_) => Err(Error::op_failure(
-            op,
-            ErrorKind::MissingFunction,
-            format!("{} has no {what} `{name}`", source.describe()),
-        )),
+        Err(_) => {
+            let defined = defined_functions(module);
+            let hint = match defined.as_slice() {
+                [] => String::new(),
+                [one] if what == "function" => {
+                    format!("; it defines `{one}`: if that is the body, declare `name = \"{one}\"`")
+                }
+                many => format!(
+                    "; it defines {}",
+                    many.iter()
+                        .map(|f| format!("`{f}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            Err(Error::op_failure(
+                op,
+                ErrorKind::MissingFunction,
+                format!("{} has no {what} `{name}`{hint}", source.describe()),
+            ))
+        }
     }
+}
+
+/// The functions a module defines itself (not those it imports), in definition order.
+fn defined_functions(module: &Bound<'_, PyAny>) -> Vec<String> {
+    let Ok(own) = module.getattr("__name__") else {
+        return Vec::new();
+    };
+    let Ok(dict) = module.getattr("__dict__") else {
+        return Vec::new();
+    };
+    let Ok(items) = dict.call_method0("items").and_then(|i| i.try_iter()) else {
+        return Vec::new();
+    };
+    items
+        .flatten()
+        .filter_map(|item| {
+            let (name, value): (String, Bound<'_, PyAny>) = item.extract().ok()?;
+            let is_function = value.hasattr("__code__").unwrap_or(false);
+            let here = value
+                .getattr("__module__")
+                .is_ok_and(|m| m.eq(&own).unwrap_or(false));
+            (is_function && here && !name.starts_with('_')).then_some(name)
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@ use candle_core::DType;
 
 /// How a body sees its tensor inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mode {
     /// The `tf.py_function` analogue: inputs are `pyop.Tensor`s wrapping the candle tensors
     /// themselves; the body runs candle ops and autograd records them.
@@ -32,9 +33,13 @@ impl fmt::Display for Mode {
 }
 
 /// One declared output: a dtype and, optionally, a shape whose `None` entries match any size.
+/// Made with [`OutSpec::new`], [`OutSpec::with_shape`], [`OutSpec::shaped`] or [`OutSpec::like`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct OutSpec {
+    /// The output's dtype.
     pub dtype: DType,
+    /// The output's shape, if declared (`None` entries match any size).
     pub shape: Option<Cow<'static, [Option<usize>]>>,
     /// The output has the shape of the argument at this index (`tout = f32[x]`).
     pub like: Option<usize>,
@@ -117,7 +122,7 @@ impl fmt::Display for OutSpec {
 }
 
 /// Formats a `tout` list as the macro accepts it: `f32`, `(f32, i64[_, 2])` or `()`.
-pub fn tout_to_string(tout: &[OutSpec]) -> String {
+pub(crate) fn tout_to_string(tout: &[OutSpec]) -> String {
     match tout {
         [one] => one.to_string(),
         many => {

@@ -992,8 +992,7 @@ impl PyTensor {
 }
 
 fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-    crate::python::ensure_numpy(py, "pyop.Tensor.numpy")
-        .map_err(|e| PyImportError::new_err(e.to_string()))?;
+    crate::python::ensure_numpy(py, "").map_err(|e| PyImportError::new_err(e.to_string()))?;
     let dims = t.dims().to_vec();
     let t = t
         .to_device(&Device::Cpu)
@@ -1420,8 +1419,13 @@ pub(crate) fn register_module(py: Python<'_>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cat, &m)?)?;
     m.add_function(wrap_pyfunction!(stack, &m)?)?;
     m.add_function(wrap_pyfunction!(where_, &m)?)?;
-    let glue = std::ffi::CString::new(MODULE_GLUE).expect("no NUL");
-    py.run(&glue, Some(&m.dict()), None)?;
+    // Compiled under the name `<pyop>`, so that tracebacks can leave pyop's own frames out.
+    let builtins = py.import("builtins")?;
+    let glue =
+        builtins
+            .getattr("compile")?
+            .call1((MODULE_GLUE, crate::python::PYOP_FRAMES, "exec"))?;
+    builtins.getattr("exec")?.call1((glue, m.dict()))?;
     let rust = PyModule::new(py, "pyop.rust")?;
     rust.setattr(
         "__doc__",

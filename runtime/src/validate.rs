@@ -10,34 +10,75 @@ use crate::python::{self, with_gil};
 use crate::source;
 use crate::spec::{tout_to_string, Mode};
 
-/// One thing wrong with a declared op.
+/// One thing wrong: with the program's Python set-up, or with one or more declared ops. One root
+/// cause is one problem, listing every op it affects.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Problem {
-    /// The op's name.
-    pub op: String,
-    /// `module::path::name` of the declaration, and where it is.
-    pub rust_path: String,
-    pub file: &'static str,
-    pub line: u32,
+    /// What is wrong, and how to fix it.
     pub message: String,
+    /// The ops it affects, in registry order; empty for a problem of the set-up as a whole that
+    /// affects no op in particular.
+    pub ops: Vec<OpRef>,
+    /// A problem of the Python set-up (listed with the ops it affects), not of one declaration.
+    set_up: bool,
+}
+
+/// A declared op, as a [`Problem`] names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpRef {
+    /// The op's name.
+    pub name: &'static str,
+    /// `module::path::name` of the declaration.
+    pub rust_path: String,
+    /// The Rust file of the declaration, as `file!()` gives it.
+    pub file: &'static str,
+    /// The line of the declaration.
+    pub line: u32,
+}
+
+impl OpRef {
+    fn of(decl: &OpDecl) -> Self {
+        OpRef {
+            name: decl.name(),
+            rust_path: decl.rust_path(),
+            file: decl.file(),
+            line: decl.line(),
+        }
+    }
+}
+
+impl fmt::Display for OpRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}:{})", self.rust_path, self.file, self.line)
+    }
 }
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}:{}): {}",
-            self.rust_path, self.file, self.line, self.message
-        )
+        match self.ops.as_slice() {
+            [] => f.write_str(&self.message),
+            [op] if !self.set_up => write!(f, "{op}: {}", self.message),
+            ops => {
+                let s = if ops.len() == 1 { "" } else { "s" };
+                write!(f, "{}\n    affects {} op{s}:", self.message, ops.len())?;
+                for op in ops {
+                    write!(f, "\n      {op}")?;
+                }
+                Ok(())
+            }
+        }
     }
 }
 
 /// What [`validate`] found.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct ValidationReport {
     /// How many ops were checked.
     pub checked: usize,
-    /// Everything wrong, every op's problems, not just the first.
+    /// Everything wrong, one entry per root cause.
     pub problems: Vec<Problem>,
     /// Checks that could not be made (a builtin or ufunc without a signature), one line each.
     pub skipped: Vec<String>,
@@ -50,111 +91,193 @@ impl ValidationReport {
         if self.problems.is_empty() {
             return Ok(self);
         }
-        let mut msg = format!("{} problem(s) in declared ops:", self.problems.len());
+        let mut msg = format!(
+            "validate() found {} problem(s) in the Python set-up or the declared ops:",
+            self.problems.len()
+        );
         for p in &self.problems {
-            let _ = write!(msg, "\n  {p}");
+            let _ = write!(msg, "\n  - {}", p.to_string().replace('\n', "\n    "));
         }
-        Err(Error::op_failure("validate", ErrorKind::Validation, msg))
+        Err(Error::op_failure("", ErrorKind::Validation, msg))
+    }
+
+    /// Adds `op` to the problem of `cause`, or a new problem with `message`.
+    fn add(&mut self, causes: &mut Vec<String>, cause: String, op: Option<OpRef>, message: String) {
+        match causes.iter().position(|c| *c == cause) {
+            Some(i) => self.problems[i].ops.extend(op),
+            None => {
+                let set_up = op.is_none() || cause == "numpy" || cause.starts_with("module ");
+                causes.push(cause);
+                self.problems.push(Problem {
+                    set_up,
+                    message,
+                    ops: op.into_iter().collect(),
+                });
+            }
+        }
     }
 }
 
 /// Checks every op declared with `#[py_op]` without running it: its source compiles (or its
 /// module imports), its function and gradient exist and accept the declared arguments (by
-/// `inspect.signature`), NumPy imports where numpy mode needs it, and the running Python is the
-/// version the program was built against. Call it first thing in `main`:
+/// `inspect.signature`), NumPy imports where numpy mode needs it, and the interpreter and
+/// environment are the ones the program was built for. Call it first thing in `main`:
 ///
-/// ```no_run
-/// fn main() -> pyop_runtime::Result<()> {
-///     pyop_runtime::validate()?;
+/// ```
+/// fn main() -> pyop::Result<()> {
+///     pyop::validate()?;
 ///     // ...
 ///     Ok(())
 /// }
 /// ```
+///
+/// Problems are grouped by cause: NumPy missing is one problem listing every numpy-mode op.
 pub fn validate() -> Result<ValidationReport> {
     validation_report()?.check()
 }
 
 /// Like [`validate`], but returns the report even when it lists problems.
 pub fn validation_report() -> Result<ValidationReport> {
-    with_gil("validate", |py| {
+    with_gil("", |py| {
         let mut report = ValidationReport::default();
-        let built = env!("PYOP_BUILT_PYTHON");
-        let running: String = py
-            .import("sys")
-            .and_then(|s| s.getattr("version_info"))
-            .and_then(|v| v.extract::<(u32, u32, u32, String, u32)>())
-            .map(|v| format!("{}.{}", v.0, v.1))
-            .unwrap_or_default();
-        if running != built {
-            report.problems.push(Problem {
-                op: String::new(),
-                rust_path: "the program".into(),
-                file: file!(),
-                line: line!(),
-                message: format!(
-                    "built against Python {built} but running Python {running}; rebuild with \
-                     PYO3_PYTHON pointing at the Python it runs with"
-                ),
-            });
+        // One entry per problem: what it is about, for grouping.
+        let mut causes: Vec<String> = Vec::new();
+        let env = python::current_env(py);
+        for (i, p) in env
+            .map(|e| e.problems.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            report.add(&mut causes, format!("set-up {i}"), None, p.clone());
         }
-        for op in registered_ops() {
+        let ops = registered_ops();
+        let numpy_ops: Vec<&OpDecl> = ops
+            .iter()
+            .map(|op| op.decl())
+            .filter(|d| d.mode() == Mode::Numpy)
+            .collect();
+        let mut numpy_missing = false;
+        if let Some(first) = numpy_ops.first() {
+            if let Err(e) = python::ensure_numpy(py, "") {
+                numpy_missing = true;
+                // NumPy missing because of the set-up (a venv of another Python) is that
+                // problem's consequence, not a problem of its own.
+                let cause = match causes.len() {
+                    0 => "numpy".to_owned(),
+                    n => causes[n - 1].clone(),
+                };
+                if cause != "numpy" {
+                    let last = report.problems.len() - 1;
+                    report.problems[last].message.push_str(
+                        ". Because of it, NumPy cannot be imported, which these ops need",
+                    );
+                }
+                let message = e.to_string().replace("`Tensor.numpy()`", "numpy mode");
+                report.add(&mut causes, cause.clone(), Some(OpRef::of(first)), message);
+                for d in &numpy_ops[1..] {
+                    report.add(
+                        &mut causes,
+                        cause.clone(),
+                        Some(OpRef::of(d)),
+                        String::new(),
+                    );
+                }
+            }
+        }
+        for op in ops {
             report.checked += 1;
-            check_op(py, op.decl(), &mut report);
+            check_op(py, op.decl(), &mut report, &mut causes, numpy_missing);
         }
         Ok(report)
     })
     .map(|(r, _)| r)
 }
 
-fn check_op(py: Python<'_>, decl: &'static OpDecl, report: &mut ValidationReport) {
-    let problem = |message: String| Problem {
-        op: decl.name.to_owned(),
-        rust_path: decl.rust_path(),
-        file: decl.file,
-        line: decl.line,
-        message,
+/// The package a "No module named 'x'" error is about.
+fn missing_module(e: &Error) -> Option<String> {
+    let Error::Python {
+        exception, message, ..
+    } = e
+    else {
+        return None;
     };
-    if decl.mode == Mode::Numpy {
-        if let Err(e) = python::ensure_numpy(py, decl.name) {
-            report.problems.push(problem(e.to_string()));
-        }
+    if exception != "ModuleNotFoundError" {
+        return None;
     }
+    let rest = &message[message.find("No module named '")? + 17..];
+    let name = &rest[..rest.find('\'')?];
+    Some(name.split('.').next().unwrap_or(name).to_owned())
+}
+
+fn check_op(
+    py: Python<'_>,
+    decl: &'static OpDecl,
+    report: &mut ValidationReport,
+    causes: &mut Vec<String>,
+    numpy_missing: bool,
+) {
+    let here = || Some(OpRef::of(decl));
+    let mut own = |report: &mut ValidationReport, message: String| {
+        report.add(causes, format!("op {}", decl.rust_path()), here(), message)
+    };
     let src = decl.source();
-    let module = match source::shared_module(py, decl.name, &src) {
+    let module = match source::shared_module(py, decl.name(), &src) {
         Ok(m) => m,
         Err(e) => {
-            report.problems.push(problem(e.to_string()));
+            match missing_module(&e) {
+                // Already reported as its own problem, which lists this op.
+                Some(m) if m == "numpy" && numpy_missing && decl.mode() == Mode::Numpy => {}
+                Some(m) => {
+                    let message = e.with_op("").to_string();
+                    report.add(causes, format!("module {m}"), here(), message);
+                }
+                None => {
+                    // Ops sharing one source share its load error.
+                    let message = e.with_op("").to_string();
+                    report.add(
+                        causes,
+                        format!("source {}", src.describe()),
+                        here(),
+                        message,
+                    );
+                }
+            }
             return;
         }
     };
-    let params = decl.params.join(", ");
-    match source::function(&module, decl.name, decl.function, &src, "function") {
-        Err(e) => report.problems.push(problem(e.to_string())),
-        Ok(f) => match accepts(py, &f, decl.params.len()) {
+    let params = decl.params().join(", ");
+    match source::function(&module, decl.name(), decl.function(), &src, "function") {
+        Err(e) => own(report, e.with_op("").to_string()),
+        Ok(f) => match accepts(py, &f, decl.params().len()) {
             Ok(true) => {}
             Ok(false) => report.skipped.push(format!(
                 "{}: `{}` has no signature (a builtin or ufunc); its arguments were not checked",
                 decl.rust_path(),
-                decl.function
+                decl.function()
             )),
-            Err(msg) => report.problems.push(problem(format!(
-                "the function `{}` does not accept the declared arguments ({params}): {msg}",
-                decl.function
-            ))),
+            Err(msg) => own(
+                report,
+                format!(
+                    "the function `{}` does not accept the declared arguments ({params}): {msg}",
+                    decl.function()
+                ),
+            ),
         },
     }
-    if let Some(GradDecl::Python(g)) = &decl.grad {
-        match source::function(&module, decl.name, g, &src, "gradient") {
-            Err(e) => report.problems.push(problem(e.to_string())),
+    if let Some(GradDecl::Python(g)) = decl.gradient() {
+        match source::function(&module, decl.name(), g, &src, "gradient") {
+            Err(e) => own(report, e.with_op("").to_string()),
             Ok(f) => match accepts(py, &f, 3) {
                 Ok(true) => {}
                 Ok(false) => report.skipped.push(format!(
                     "{}: the gradient `{g}` has no signature; its arguments were not checked",
                     decl.rust_path()
                 )),
-                Err(msg) => report.problems.push(problem(format!(
-                    "the gradient `{g}` does not accept (inputs, outputs, grads): {msg}"
-                ))),
+                Err(msg) => own(
+                    report,
+                    format!("the gradient `{g}` does not accept (inputs, outputs, grads): {msg}"),
+                ),
             },
         }
     }
@@ -183,22 +306,22 @@ pub fn manifest_json() -> String {
         if i > 0 {
             out.push(',');
         }
-        let (kind, origin, text) = match &d.source {
-            SourceDecl::Code(code) => ("code", String::new(), Some(*code)),
+        let (kind, origin, text) = match d.source_decl() {
+            SourceDecl::Code { text, .. } => ("code", String::new(), Some(*text)),
             SourceDecl::File { path, text, .. } => ("file", (*path).to_owned(), Some(*text)),
             SourceDecl::Package { path, module, .. } => {
                 ("package", format!("{path}:{module}"), None)
             }
             SourceDecl::Module(m) => ("module", (*m).to_owned(), None),
         };
-        let hash = match (&d.source, text) {
+        let hash = match (d.source_decl(), text) {
             (SourceDecl::Package { files, .. }, _) => Some(fnv1a(
                 files.iter().flat_map(|(n, t)| n.bytes().chain(t.bytes())),
             )),
             (_, Some(t)) => Some(fnv1a(t.bytes())),
             _ => None,
         };
-        let grad = match &d.grad {
+        let grad = match d.gradient() {
             None => "null".to_owned(),
             Some(GradDecl::Python(g)) => {
                 format!("{{\"kind\":\"python\",\"name\":{}}}", json_str(g))
@@ -210,13 +333,13 @@ pub fn manifest_json() -> String {
         let _ = write!(
             out,
             "\n  {{\"name\":{},\"rust_path\":{},\"file\":{},\"line\":{},\"mode\":{},\"function\":{},\"tout\":{},\"grad\":{},\"source\":{{\"kind\":{},\"origin\":{},\"hash\":{}}}}}",
-            json_str(d.name),
+            json_str(d.name()),
             json_str(&d.rust_path()),
-            json_str(d.file),
-            d.line,
-            json_str(d.mode.as_str()),
-            json_str(d.function),
-            json_str(&tout_to_string(d.tout)),
+            json_str(d.file()),
+            d.line(),
+            json_str(d.mode().as_str()),
+            json_str(d.function()),
+            json_str(&tout_to_string(d.tout())),
             grad,
             json_str(kind),
             json_str(&origin),

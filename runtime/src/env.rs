@@ -1,0 +1,533 @@
+//! Which interpreter is running and which Python environment it is given, and whether both are
+//! the ones the program was built for.
+//!
+//! An embedded interpreter honours neither `VIRTUAL_ENV` nor a `.venv`; pyop finds the
+//! environment itself and adds its `site-packages` to `sys.path`. It also compares the running
+//! interpreter with the one pyo3 linked at build time (`runtime/build.rs` records it): the loader
+//! may find another `libpythonX.Y.so` first, and an environment made by another Python X.Y has no
+//! packages for this one. Each such problem is reported by `validate()`, printed once when the
+//! interpreter starts, and added to the errors it causes (NumPy or a package that cannot be
+//! imported), each with the command that fixes it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use pyo3::prelude::*;
+
+/// Why pyop chose the Python environment it uses; see [`PythonEnv`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EnvSource {
+    /// `PYOP_PYTHON_ENV` at run time.
+    PyopPythonEnv,
+    /// `VIRTUAL_ENV` at run time (an activated venv).
+    VirtualEnv,
+    /// The nearest `.venv` (with a `pyvenv.cfg`) in the current directory or one of its parents.
+    DotVenv,
+    /// Recorded when the program was built: `PYOP_PYTHON_ENV` or `VIRTUAL_ENV` at build time, or
+    /// the `.venv` of the crate that declares the ops (or of one of its parent folders).
+    Build,
+    /// No environment: only the interpreter's own `site-packages` (also `PYOP_PYTHON_ENV=none`).
+    None,
+}
+
+impl fmt::Display for EnvSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EnvSource::PyopPythonEnv => "PYOP_PYTHON_ENV",
+            EnvSource::VirtualEnv => "VIRTUAL_ENV",
+            EnvSource::DotVenv => "the nearest .venv",
+            EnvSource::Build => "the environment recorded at build time",
+            EnvSource::None => "none",
+        })
+    }
+}
+
+/// A Python installation: the one the program was built against, or the one running.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Interpreter {
+    /// `X.Y.Z` (only `X.Y` for a build whose interpreter could not be asked).
+    pub version: String,
+    /// `sys.base_prefix`: where the installation lives.
+    pub prefix: Option<PathBuf>,
+    /// Built: the folder of the libpython linked; running: the libpython file loaded (`None`
+    /// when it is linked statically).
+    pub library: Option<PathBuf>,
+    /// The installation's own `python` executable, where it can be found.
+    pub executable: Option<PathBuf>,
+}
+
+/// Which Python environment the interpreter was given and why, and what is wrong with the set-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PythonEnv {
+    /// The environment's root folder, or `None` when only the interpreter's own packages are used.
+    pub root: Option<PathBuf>,
+    /// The `site-packages` folder added to `sys.path`.
+    pub site_packages: Option<PathBuf>,
+    /// Why this environment.
+    pub source: EnvSource,
+    /// `sys.version` of the running interpreter.
+    pub version: String,
+    /// The interpreter running.
+    pub running: Interpreter,
+    /// The interpreter the program was built against (`PYO3_PYTHON` at build time).
+    pub built: Interpreter,
+    /// What is wrong with the set-up, each with its fix: another interpreter than the one built
+    /// against, an environment made by another Python version, … Empty when all is well.
+    pub problems: Vec<String>,
+}
+
+impl PythonEnv {
+    /// The command that installs `package` where this program's interpreter finds it.
+    pub fn pip_install(&self, package: &str) -> String {
+        match (&self.root, &self.site_packages) {
+            (Some(root), Some(_)) => {
+                format!("`{} -m pip install {package}`", venv_python(root).display())
+            }
+            (Some(root), None) => format!(
+                "`{} -m venv --clear {}` then `{} -m pip install {package}`",
+                self.running_executable(),
+                root.display(),
+                venv_python(root).display()
+            ),
+            (None, _) => format!(
+                "`{exe} -m venv .venv` then `{} -m pip install {package}` (or install it into the \
+                 interpreter's own site-packages: `{exe} -m pip install {package}`)",
+                venv_python(Path::new(".venv")).display(),
+                exe = self.running_executable()
+            ),
+        }
+    }
+
+    /// The running installation's `python`, as a command to show in a hint.
+    pub(crate) fn running_executable(&self) -> String {
+        match &self.running.executable {
+            Some(p) => p.display().to_string(),
+            None => format!("python{}", major_minor(&self.running.version)),
+        }
+    }
+
+    /// Where the environment was found, for messages.
+    pub(crate) fn describe(&self) -> String {
+        match &self.root {
+            Some(root) => format!("the environment {} ({})", root.display(), self.source),
+            None => "no environment (only the interpreter's own site-packages)".to_owned(),
+        }
+    }
+
+    /// The problems, as one sentence to add to an error they may explain.
+    pub(crate) fn problems_note(&self) -> String {
+        self.problems
+            .iter()
+            .map(|p| format!("; note: {p}"))
+            .collect()
+    }
+}
+
+/// What a `#[py_op]` declaration records of its build: `PYOP_PYTHON_ENV` and `VIRTUAL_ENV` at
+/// build time, and the declaring crate's folder (whose nearest `.venv` is used). A binary started
+/// from any directory then still finds the environment it was developed with.
+#[doc(hidden)]
+pub struct BuildEnv {
+    pub manifest_dir: &'static str,
+    pub pyop_python_env: Option<&'static str>,
+    pub virtual_env: Option<&'static str>,
+}
+
+inventory::collect!(BuildEnv);
+
+/// Finds the environment, adds its `site-packages` to `sys.path` and checks the set-up.
+pub(crate) fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
+    let sys = py.import("sys")?;
+    let version: String = sys.getattr("version")?.extract()?;
+    let (major, minor, micro): (u32, u32, u32) = sys
+        .getattr("version_info")?
+        .extract::<(u32, u32, u32, String, u32)>()
+        .map(|v| (v.0, v.1, v.2))?;
+    let prefix: PathBuf = sys.getattr("base_prefix")?.extract::<String>()?.into();
+    let running = Interpreter {
+        version: format!("{major}.{minor}.{micro}"),
+        executable: installation_python(&prefix, major, minor),
+        prefix: Some(prefix),
+        library: loaded_libpython(),
+    };
+    let built = built_interpreter();
+    let mut problems = Vec::new();
+    problems.extend(interpreter_problem(&built, &running));
+
+    let (root, source) = find_environment();
+    let mut site_packages = None;
+    if let Some(root) = &root {
+        site_packages = site_packages_of(root, major, minor);
+        problems.extend(environment_problem(
+            root,
+            source,
+            &running,
+            site_packages.is_some(),
+        ));
+        if let Some(sp) = &site_packages {
+            py.import("site")?
+                .call_method1("addsitedir", (sp.to_string_lossy().as_ref(),))?;
+        }
+    }
+    for p in &problems {
+        eprintln!("pyop: {p}");
+    }
+    Ok(PythonEnv {
+        root,
+        site_packages,
+        source,
+        version,
+        running,
+        built,
+        problems,
+    })
+}
+
+/// `PYOP_PYTHON_ENV`, else `VIRTUAL_ENV`, else the nearest `.venv` of the current directory, else
+/// the environment recorded at build time.
+fn find_environment() -> (Option<PathBuf>, EnvSource) {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(v) = var("PYOP_PYTHON_ENV") {
+        if v == "none" {
+            return (None, EnvSource::None);
+        }
+        return (Some(PathBuf::from(v)), EnvSource::PyopPythonEnv);
+    }
+    if let Some(v) = var("VIRTUAL_ENV") {
+        return (Some(PathBuf::from(v)), EnvSource::VirtualEnv);
+    }
+    if let Some(d) = std::env::current_dir().ok().and_then(|d| nearest_venv(&d)) {
+        return (Some(d), EnvSource::DotVenv);
+    }
+    match recorded_environment() {
+        Some(d) => (Some(d), EnvSource::Build),
+        None => (None, EnvSource::None),
+    }
+}
+
+/// The first existing environment the declarations recorded: an explicit `PYOP_PYTHON_ENV`,
+/// then an activated venv, then the `.venv` nearest a declaring crate.
+fn recorded_environment() -> Option<PathBuf> {
+    let mut recorded: Vec<&BuildEnv> = inventory::iter::<BuildEnv>.into_iter().collect();
+    recorded.sort_by_key(|b| b.manifest_dir);
+    let explicit = recorded
+        .iter()
+        .flat_map(|b| [b.pyop_python_env, b.virtual_env])
+        .flatten()
+        .filter(|p| !p.is_empty() && *p != "none")
+        .map(PathBuf::from)
+        .find(|p| p.is_dir());
+    explicit.or_else(|| {
+        recorded
+            .iter()
+            .find_map(|b| nearest_venv(Path::new(b.manifest_dir)))
+    })
+}
+
+fn nearest_venv(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .map(|d| d.join(".venv"))
+        .find(|d| d.join("pyvenv.cfg").is_file())
+}
+
+fn site_packages_of(root: &Path, major: u32, minor: u32) -> Option<PathBuf> {
+    [
+        root.join("lib")
+            .join(format!("python{major}.{minor}"))
+            .join("site-packages"),
+        root.join("Lib").join("site-packages"),
+    ]
+    .into_iter()
+    .find(|p| p.is_dir())
+}
+
+/// The `python` of an environment.
+fn venv_python(root: &Path) -> PathBuf {
+    if cfg!(windows) {
+        root.join("Scripts").join("python.exe")
+    } else {
+        root.join("bin").join("python")
+    }
+}
+
+/// The installation's own `pythonX.Y` under `prefix`, if it is there.
+fn installation_python(prefix: &Path, major: u32, minor: u32) -> Option<PathBuf> {
+    [
+        prefix.join("bin").join(format!("python{major}.{minor}")),
+        prefix.join("bin").join(format!("python{major}")),
+        prefix.join("python.exe"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+fn major_minor(version: &str) -> &str {
+    let mut dots = version.match_indices('.');
+    match (dots.next(), dots.next()) {
+        (Some(_), Some((second, _))) => &version[..second],
+        _ => version,
+    }
+}
+
+/// The interpreter `runtime/build.rs` recorded.
+fn built_interpreter() -> Interpreter {
+    let non_empty = |s: &'static str| (!s.is_empty()).then(|| PathBuf::from(s));
+    let full = env!("PYOP_BUILT_PYTHON_VERSION");
+    Interpreter {
+        version: if full.is_empty() {
+            env!("PYOP_BUILT_PYTHON").to_owned()
+        } else {
+            full.to_owned()
+        },
+        prefix: non_empty(env!("PYOP_BUILT_PYTHON_PREFIX")),
+        library: non_empty(env!("PYOP_BUILT_PYTHON_LIBDIR")),
+        executable: non_empty(env!("PYOP_BUILT_PYTHON_EXE")),
+    }
+}
+
+/// The libpython file this process loaded, found from one of its symbols.
+#[cfg(unix)]
+fn loaded_libpython() -> Option<PathBuf> {
+    use std::ffi::CStr;
+    // SAFETY: dlsym and dladdr only read the loader's tables; `info` is plain data that dladdr
+    // fills, and `dli_fname` points at a NUL-terminated string owned by the loader that stays
+    // valid while the library is loaded (libpython is never unloaded).
+    unsafe {
+        let symbol = libc::dlsym(libc::RTLD_DEFAULT, c"Py_GetVersion".as_ptr());
+        if symbol.is_null() {
+            return None;
+        }
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(symbol, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        let path = PathBuf::from(CStr::from_ptr(info.dli_fname).to_str().ok()?);
+        let is_libpython = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("libpython"));
+        is_libpython.then(|| path.canonicalize().unwrap_or(path))
+    }
+}
+
+#[cfg(not(unix))]
+fn loaded_libpython() -> Option<PathBuf> {
+    None
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Says so when the running interpreter is not the one the program was built against.
+fn interpreter_problem(built: &Interpreter, running: &Interpreter) -> Option<String> {
+    let full = built.version.matches('.').count() == 2;
+    let version_differs = if full {
+        built.version != running.version
+    } else {
+        major_minor(&running.version) != built.version
+    };
+    let library_differs = match (&built.library, &running.library) {
+        (Some(dir), Some(file)) => file.parent().is_none_or(|p| !same_path(p, dir)),
+        _ => false,
+    };
+    let prefix_differs = match (&built.prefix, &running.prefix) {
+        (Some(b), Some(r)) => !same_path(b, r),
+        _ => false,
+    };
+    if !(version_differs || library_differs || prefix_differs) {
+        return None;
+    }
+    let built_at = built
+        .library
+        .as_ref()
+        .or(built.prefix.as_ref())
+        .map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default();
+    let running_at = running
+        .library
+        .as_ref()
+        .or(running.prefix.as_ref())
+        .map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default();
+    let mut msg = format!(
+        "this program was built against Python {}{built_at} but is running Python {}{running_at}",
+        built.version, running.version
+    );
+    if library_differs {
+        let dir = built
+            .library
+            .as_ref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        // LD_LIBRARY_PATH is searched before the rpath: blame it only if it holds the folder
+        // the other libpython came from.
+        let loaded_dir = running.library.as_ref().and_then(|l| l.parent());
+        let ld_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let from_ld_path = ld_path
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .any(|d| loaded_dir.is_some_and(|l| same_path(Path::new(d), l)));
+        match from_ld_path {
+            true => msg.push_str(&format!(
+                ": LD_LIBRARY_PATH ({ld_path}) put another libpython first; unset it, or put \
+                 {dir} first"
+            )),
+            false => msg.push_str(&format!(
+                ": the loader found another libpython of the same name first; give the binary an \
+                 rpath to {dir} (a build.rs calling `pyop_build::link_libpython()`, see the \
+                 README), or start it with LD_LIBRARY_PATH={dir}"
+            )),
+        }
+    } else {
+        msg.push_str(
+            ": rebuild with PYO3_PYTHON pointing at the interpreter it runs with, or run it \
+             where the one it was built against is installed",
+        );
+    }
+    Some(msg)
+}
+
+/// Says so when the environment cannot serve this interpreter: made by another Python X.Y (read
+/// from its `pyvenv.cfg`), or without `site-packages` for it.
+fn environment_problem(
+    root: &Path,
+    source: EnvSource,
+    running: &Interpreter,
+    has_site_packages: bool,
+) -> Option<String> {
+    if !root.is_dir() {
+        return Some(format!(
+            "{source} names {}, which is not a folder; point it at a venv made by Python {}",
+            root.display(),
+            running.version
+        ));
+    }
+    let exe = running
+        .executable
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| format!("python{}", major_minor(&running.version)));
+    let recreate = format!(
+        "recreate it with the embedded interpreter, `{exe} -m venv --clear {}`, then reinstall \
+         its packages (`{} -m pip install numpy …`)",
+        root.display(),
+        venv_python(root).display()
+    );
+    if let Some(made_by) = venv_version(root) {
+        if major_minor(&made_by) != major_minor(&running.version) {
+            return Some(format!(
+                "the environment {} ({source}) was made by Python {made_by}, but this program \
+                 embeds Python {}: {recreate}",
+                root.display(),
+                running.version
+            ));
+        }
+    }
+    if !has_site_packages {
+        return Some(format!(
+            "the environment {} ({source}) has no site-packages for Python {}: {recreate}",
+            root.display(),
+            major_minor(&running.version)
+        ));
+    }
+    None
+}
+
+/// The Python version a venv was made by, from its `pyvenv.cfg`.
+fn venv_version(root: &Path) -> Option<String> {
+    let cfg = std::fs::read_to_string(root.join("pyvenv.cfg")).ok()?;
+    let mut version = None;
+    for line in cfg.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        match key.trim() {
+            // `version_info` (3.12+) is `3.12.1.final.0`; `version` (up to 3.11) is `3.11.7`.
+            "version_info" => {
+                let v: Vec<&str> = value.trim().splitn(4, '.').take(3).collect();
+                return Some(v.join("."));
+            }
+            "version" => version = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    version
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interp(version: &str, lib: Option<&str>) -> Interpreter {
+        Interpreter {
+            version: version.into(),
+            prefix: None,
+            library: lib.map(PathBuf::from),
+            executable: None,
+        }
+    }
+
+    #[test]
+    fn major_minor_of_versions() {
+        assert_eq!(major_minor("3.11.7"), "3.11");
+        assert_eq!(major_minor("3.12"), "3.12");
+        assert_eq!(major_minor("3"), "3");
+    }
+
+    #[test]
+    fn interpreter_identity() {
+        let built = interp("3.11.7", Some("/opt/py/lib"));
+        assert_eq!(
+            interpreter_problem(
+                &built,
+                &interp("3.11.7", Some("/opt/py/lib/libpython3.11.so.1.0"))
+            ),
+            None
+        );
+        let p = interpreter_problem(
+            &built,
+            &interp("3.11.2", Some("/usr/lib/libpython3.11.so.1.0")),
+        )
+        .unwrap();
+        assert!(
+            p.contains("built against Python 3.11.7 (/opt/py/lib)"),
+            "{p}"
+        );
+        assert!(
+            p.contains("running Python 3.11.2 (/usr/lib/libpython3.11.so.1.0)"),
+            "{p}"
+        );
+        // Only X.Y recorded (cross-compiled): the patch level is not compared.
+        assert_eq!(
+            interpreter_problem(&interp("3.11", None), &interp("3.11.2", None)),
+            None
+        );
+        assert!(interpreter_problem(&interp("3.12", None), &interp("3.11.2", None)).is_some());
+    }
+
+    #[test]
+    fn venv_versions_from_pyvenv_cfg() {
+        let dir = std::env::temp_dir().join(format!("pyop-venv-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("pyvenv.cfg"),
+            "home = /x/bin\nversion_info = 3.12.1.final.0\n",
+        )
+        .unwrap();
+        assert_eq!(venv_version(&dir).as_deref(), Some("3.12.1"));
+        std::fs::write(dir.join("pyvenv.cfg"), "home = /x/bin\nversion = 3.11.7\n").unwrap();
+        assert_eq!(venv_version(&dir).as_deref(), Some("3.11.7"));
+        let p =
+            environment_problem(&dir, EnvSource::DotVenv, &interp("3.12.1", None), false).unwrap();
+        assert!(p.contains("was made by Python 3.11.7"), "{p}");
+        assert!(p.contains("python3.12 -m venv --clear"), "{p}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
