@@ -308,3 +308,23 @@ fn missing_packages_say_what_to_do() {
         "{text}"
     );
 }
+
+// Declarations may return candle's or anyhow's `Result` (any `Result<_, E: From<pyop::Error>>`).
+#[py_op(code = "def candle_style(x):\n    return x * 3", tout = f64)]
+fn candle_style(x: &Tensor) -> pyop::candle::Result<Tensor>;
+
+#[py_op(code = "def anyhow_style(x):\n    raise ValueError('no good')", tout = f64)]
+fn anyhow_style(x: &Tensor) -> anyhow::Result<Tensor>;
+
+#[test]
+fn declarations_return_candle_or_anyhow_results() {
+    let y = candle_style(&x()).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [3., 6.]);
+    let from_candle: pyop::candle::Result<Tensor> = (|| candle_style(&candle_style(&x())?))();
+    assert_eq!(from_candle.unwrap().to_vec1::<f64>().unwrap(), [9., 18.]);
+    // The kind survives both: back from candle's error, and downcast from anyhow's.
+    let err = anyhow_style(&x()).unwrap_err();
+    let pyop_err = err.downcast_ref::<pyop::Error>().expect("a pyop::Error inside");
+    assert_eq!(pyop_err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("ValueError: no good"), "{err}");
+}

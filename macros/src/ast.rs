@@ -77,8 +77,9 @@ pub struct Function<'a> {
 
 const PARAM_TYPES: &str =
     "&Tensor, &[Tensor], f64, i64, bool, &str, &[f64], &[i64], Option<...> of these, or &Device";
-const RETURN_TYPES: &str =
-    "`pyop::Result<Tensor>`, `pyop::Result<(Tensor, ...)>` or `pyop::Result<()>`";
+const RETURN_TYPES: &str = "`Result<Tensor>`, `Result<(Tensor, ...)>` or `Result<()>` \
+     (`pyop::Result`, `candle_core::Result`, `anyhow::Result`, or any `Result<_, E>` where \
+     `E: From<pyop::Error>`)";
 
 impl<'a> Function<'a> {
     pub fn from_item(cx: &Ctxt, item: &'a Item) -> Function<'a> {

@@ -1,0 +1,229 @@
+//! The README's "Use pyop in your crate", done as a new user would: a crate made only from the
+//! README's blocks (`<!-- user-crate: NAME -->` marks each), outside this workspace, set up with
+//! the README's commands, built, run with `cargo run`, then its binary started from another
+//! directory with no `VIRTUAL_ENV`, `PYOP_PYTHON_ENV` or `LD_LIBRARY_PATH`. A tensor-mode and a
+//! numpy-mode op must give the README's values, on the Python the crate was built against.
+//!
+//! It runs twice: with the default `python3`, and with a second Python 3 of another X.Y built as
+//! a shared library (pinned with `PYO3_PYTHON`, as the README says), where the machine has one.
+//! Each build has a target folder of its own under `target/user-crate/`, so neither undoes the
+//! workspace's build of pyo3 for another interpreter.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The README's blocks marked `<!-- user-crate: NAME -->`, by name.
+fn readme_blocks(readme: &str) -> HashMap<String, String> {
+    let mut blocks = HashMap::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .strip_prefix("<!-- user-crate: ")
+            .and_then(|r| r.strip_suffix(" -->"))
+        else {
+            continue;
+        };
+        let fence = lines.next().expect("a code block after the marker");
+        assert!(fence.starts_with("```"), "{name}: no code block after the marker");
+        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+        blocks.insert(name.to_owned(), body.join("\n") + "\n");
+    }
+    blocks
+}
+
+/// The lines the README says `cargo run` prints.
+fn readme_output(readme: &str) -> Vec<String> {
+    let at = readme.find("`cargo run` prints:").expect("the README shows the output");
+    readme[at..]
+        .lines()
+        .skip_while(|l| *l != "```text")
+        .skip(1)
+        .take_while(|l| *l != "```")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `X.Y.Z` of a Python, if it is built as a shared library.
+fn shared_python(exe: &Path) -> Option<String> {
+    let out = Command::new(exe)
+        .args([
+            "-c",
+            "import sys, sysconfig; print('%d.%d.%d' % sys.version_info[:3], \
+             sysconfig.get_config_var('Py_ENABLE_SHARED'))",
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let (version, shared) = text.trim().split_once(' ')?;
+    (shared == "1").then(|| version.to_owned())
+}
+
+fn major_minor(version: &str) -> &str {
+    &version[..version.rfind('.').unwrap_or(version.len())]
+}
+
+/// A second shared-library Python 3 of another X.Y than `default`: pyenv's, or one on `PATH`.
+fn second_python(default: &str) -> Option<(PathBuf, String)> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for minor in [12, 13, 10, 9] {
+        let home = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")));
+        if let Some(versions) = home.map(|h| h.join("versions")) {
+            if let Ok(dir) = std::fs::read_dir(&versions) {
+                let mut found: Vec<PathBuf> = dir
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("3.{minor}.")))
+                    })
+                    .map(|p| p.join("bin").join("python3"))
+                    .collect();
+                found.sort();
+                candidates.extend(found.into_iter().rev());
+            }
+        }
+        candidates.push(PathBuf::from(format!("python3.{minor}")));
+    }
+    candidates.into_iter().find_map(|exe| {
+        let version = shared_python(&exe)?;
+        (major_minor(&version) != major_minor(default)).then_some((exe, version))
+    })
+}
+
+/// A command with the environment a new user's shell has: nothing of this repository's set-up
+/// (dev.sh's `VIRTUAL_ENV` and `PYO3_PYTHON`), nothing of the `cargo test` running this.
+fn clean(mut cmd: Command) -> Command {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let cargo_set = key.starts_with("CARGO_") && key != "CARGO_HOME";
+        let python_set = matches!(
+            &*key,
+            "VIRTUAL_ENV" | "PYO3_PYTHON" | "PYTHONPATH" | "PYTHONHOME" | "LD_LIBRARY_PATH"
+        ) || key.starts_with("PYOP_");
+        if cargo_set || python_set {
+            cmd.env_remove(&*key);
+        }
+    }
+    cmd
+}
+
+fn run(what: &str, mut cmd: Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Makes, builds and runs the README's crate with the Python `exe` (`None`: the default
+/// `python3`, with no `PYO3_PYTHON`). Returns a line for the summary.
+fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let blocks = readme_blocks(&readme);
+    let app = work.join(format!("my-app-{tag}"));
+    std::fs::create_dir_all(app.join("src")).unwrap();
+    let repo_path = repo().display().to_string();
+    let manifest = blocks["Cargo.toml"].replace("\"../pyop", &format!("\"{repo_path}"));
+    assert_ne!(manifest, blocks["Cargo.toml"], "the README's path to pyop");
+    std::fs::write(app.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(app.join("build.rs"), &blocks["build.rs"]).unwrap();
+    std::fs::write(app.join("src/main.rs"), &blocks["src/main.rs"]).unwrap();
+    // The same dependency versions as this repository's build (a head start, not a change:
+    // cargo resolves whatever the lock file does not cover).
+    std::fs::copy(repo().join("Cargo.lock"), app.join("Cargo.lock")).unwrap();
+
+    // Step 4, as written, with `python3` being the interpreter of this run.
+    for line in blocks["setup"].lines().filter(|l| !l.trim().is_empty()) {
+        let line = match exe {
+            Some(exe) => line.replacen("python3 ", &format!("{} ", exe.display()), 1),
+            None => line.to_owned(),
+        };
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &line]).current_dir(&app);
+        run(&format!("[{tag}] {line}"), clean(cmd));
+    }
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = repo().join("target").join("user-crate").join(tag);
+    let cargo_cmd = |args: &[&str]| {
+        let mut cmd = clean(Command::new(&cargo));
+        cmd.args(args)
+            .current_dir(&app)
+            .env("CARGO_TARGET_DIR", &target);
+        if let Some(exe) = exe {
+            cmd.env("PYO3_PYTHON", exe);
+        }
+        cmd
+    };
+    run(&format!("[{tag}] cargo build"), cargo_cmd(&["build", "--quiet"]));
+
+    let expected = readme_output(&readme);
+    let check = |how: &str, out: &Output| {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stdout.lines().collect();
+        let venv = app.join(".venv").canonicalize().unwrap();
+        assert_eq!(
+            lines.first().copied(),
+            Some(format!("Python {version}, environment {}", venv.display()).as_str()),
+            "[{tag}] {how}: the Python built against, and the crate's venv\n{stdout}{stderr}"
+        );
+        assert!(
+            expected[0].starts_with("Python ") && expected[0].contains(", environment /"),
+            "the README's first line: {expected:?}"
+        );
+        assert_eq!(lines[1..], expected[1..], "[{tag}] {how}\n{stdout}{stderr}");
+        assert!(
+            !stderr.contains("pyop: "),
+            "[{tag}] {how}: no set-up warning\n{stderr}"
+        );
+    };
+    // `cargo run` in the crate, as the README says.
+    let out = run(&format!("[{tag}] cargo run"), cargo_cmd(&["run", "--quiet"]));
+    check("cargo run", &out);
+
+    // The binary on its own, from another directory, with nothing set.
+    let elsewhere = work.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let mut cmd = clean(Command::new(target.join("debug").join("my-app")));
+    cmd.current_dir(&elsewhere);
+    let out = run(&format!("[{tag}] the binary from {}", elsewhere.display()), cmd);
+    check("from another directory", &out);
+    println!("test user_crate_{tag} (Python {version}) ... ok");
+}
+
+fn main() {
+    let work = std::env::temp_dir().join(format!("pyop-user-crate-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    // The repository's path must not be an ancestor: the crate is outside the workspace.
+    assert!(!work.starts_with(repo()));
+
+    let default = shared_python(Path::new("python3"))
+        .expect("the default python3 is built as a shared library (scripts/dev.sh checks it)");
+    user_crate("default", None, &default, &work);
+    match second_python(&default) {
+        Some((exe, version)) => {
+            let tag = format!("py{}", major_minor(&version));
+            user_crate(&tag, Some(&exe), &version, &work);
+        }
+        None => println!(
+            "test user_crate_second_python ... skipped: no Python 3.9+ of another version than \
+             {default} built as a shared library (pyenv's, or python3.X on PATH) on this machine"
+        ),
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
