@@ -324,7 +324,9 @@ fn declarations_return_candle_or_anyhow_results() {
     assert_eq!(from_candle.unwrap().to_vec1::<f64>().unwrap(), [9., 18.]);
     // The kind survives both: back from candle's error, and downcast from anyhow's.
     let err = anyhow_style(&x()).unwrap_err();
-    let pyop_err = err.downcast_ref::<pyop::Error>().expect("a pyop::Error inside");
+    let pyop_err = err
+        .downcast_ref::<pyop::Error>()
+        .expect("a pyop::Error inside");
     assert_eq!(pyop_err.kind(), ErrorKind::InvalidArgument);
     assert!(err.to_string().contains("ValueError: no good"), "{err}");
 }

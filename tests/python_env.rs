@@ -14,6 +14,10 @@ use pyop::{py_op, EnvSource, ErrorKind};
 #[py_op(code = "def total(x):\n    return x.sum()", numpy, tout = f32)]
 fn total(x: &Tensor) -> pyop::Result<Tensor>;
 
+// Imports NumPy as it loads: with NumPy missing, that is the same problem, not a second one.
+#[py_op(code = "import numpy as np\ndef mean(x):\n    return np.mean(x)", numpy, tout = f32)]
+fn mean(x: &Tensor) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def twice(x):\n    return x * 2", tout = f32)]
 fn twice(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -103,7 +107,8 @@ fn child(scenario: &str) {
             let p = &report.problems[0];
             assert!(p.message.starts_with("numpy mode needs NumPy"), "{p}");
             let ops: Vec<&str> = p.ops.iter().map(|o| o.name).collect();
-            assert_eq!(ops, ["total"]);
+            assert_eq!(ops, ["mean", "total"]);
+            assert!(p.to_string().contains("affects 2 ops:"), "{p}");
         }
         "other_version_env" => {
             // A venv made by another Python X.Y: said so, with the command that recreates it.
@@ -127,11 +132,14 @@ fn child(scenario: &str) {
             let text = report.problems[0].to_string();
             assert!(text.starts_with(problem.as_str()), "{text}");
             assert!(
-                text.ends_with("affects 1 op:\n      python_env::total (tests/python_env.rs:15)"),
+                text.ends_with(
+                    "affects 2 ops:\n      python_env::mean (tests/python_env.rs:19)\n      \
+                     python_env::total (tests/python_env.rs:15)"
+                ),
                 "{text}"
             );
             assert!(text.contains("NumPy cannot be imported"), "{text}");
-            assert_eq!(report.problems[0].ops.len(), 1, "{text}");
+            assert_eq!(report.problems[0].ops.len(), 2, "{text}");
             // And the error of a call says it too.
             let err = total(&x).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::PackageUnavailable);

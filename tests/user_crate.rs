@@ -29,7 +29,10 @@ fn readme_blocks(readme: &str) -> HashMap<String, String> {
             continue;
         };
         let fence = lines.next().expect("a code block after the marker");
-        assert!(fence.starts_with("```"), "{name}: no code block after the marker");
+        assert!(
+            fence.starts_with("```"),
+            "{name}: no code block after the marker"
+        );
         let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
         blocks.insert(name.to_owned(), body.join("\n") + "\n");
     }
@@ -38,7 +41,9 @@ fn readme_blocks(readme: &str) -> HashMap<String, String> {
 
 /// The lines the README says `cargo run` prints.
 fn readme_output(readme: &str) -> Vec<String> {
-    let at = readme.find("`cargo run` prints:").expect("the README shows the output");
+    let at = readme
+        .find("`cargo run` prints:")
+        .expect("the README shows the output");
     readme[at..]
         .lines()
         .skip_while(|l| *l != "```text")
@@ -169,7 +174,10 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
         }
         cmd
     };
-    run(&format!("[{tag}] cargo build"), cargo_cmd(&["build", "--quiet"]));
+    run(
+        &format!("[{tag}] cargo build"),
+        cargo_cmd(&["build", "--quiet"]),
+    );
 
     let expected = readme_output(&readme);
     let check = |how: &str, out: &Output| {
@@ -193,7 +201,10 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
         );
     };
     // `cargo run` in the crate, as the README says.
-    let out = run(&format!("[{tag}] cargo run"), cargo_cmd(&["run", "--quiet"]));
+    let out = run(
+        &format!("[{tag}] cargo run"),
+        cargo_cmd(&["run", "--quiet"]),
+    );
     check("cargo run", &out);
 
     // The binary on its own, from another directory, with nothing set.
@@ -201,7 +212,10 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     std::fs::create_dir_all(&elsewhere).unwrap();
     let mut cmd = clean(Command::new(target.join("debug").join("my-app")));
     cmd.current_dir(&elsewhere);
-    let out = run(&format!("[{tag}] the binary from {}", elsewhere.display()), cmd);
+    let out = run(
+        &format!("[{tag}] the binary from {}", elsewhere.display()),
+        cmd,
+    );
     check("from another directory", &out);
     println!("test user_crate_{tag} (Python {version}) ... ok");
 }

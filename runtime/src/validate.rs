@@ -157,10 +157,9 @@ pub fn validation_report() -> Result<ValidationReport> {
             .map(|op| op.decl())
             .filter(|d| d.mode() == Mode::Numpy)
             .collect();
-        let mut numpy_missing = false;
+        let mut numpy_cause = None;
         if let Some(first) = numpy_ops.first() {
             if let Err(e) = python::ensure_numpy(py, "") {
-                numpy_missing = true;
                 // NumPy missing because of the set-up (a venv of another Python) is that
                 // problem's consequence, not a problem of its own.
                 let cause = match causes.len() {
@@ -183,31 +182,45 @@ pub fn validation_report() -> Result<ValidationReport> {
                         String::new(),
                     );
                 }
+                numpy_cause = Some(cause);
             }
         }
         for op in ops {
             report.checked += 1;
-            check_op(py, op.decl(), &mut report, &mut causes, numpy_missing);
+            check_op(
+                py,
+                op.decl(),
+                &mut report,
+                &mut causes,
+                numpy_cause.as_deref(),
+            );
         }
         Ok(report)
     })
     .map(|(r, _)| r)
 }
 
-/// The package a "No module named 'x'" error is about.
+/// The package an import error is about: the module of a "No module named 'x'", or `numpy` for
+/// any import error whose text or traceback goes through NumPy.
 fn missing_module(e: &Error) -> Option<String> {
     let Error::Python {
-        exception, message, ..
+        exception,
+        message,
+        traceback,
+        ..
     } = e
     else {
         return None;
     };
-    if exception != "ModuleNotFoundError" {
+    if exception != "ModuleNotFoundError" && exception != "ImportError" {
         return None;
     }
-    let rest = &message[message.find("No module named '")? + 17..];
-    let name = &rest[..rest.find('\'')?];
-    Some(name.split('.').next().unwrap_or(name).to_owned())
+    if let Some(at) = message.find("No module named '") {
+        let rest = &message[at + 17..];
+        let name = &rest[..rest.find('\'')?];
+        return Some(name.split('.').next().unwrap_or(name).to_owned());
+    }
+    (traceback.contains("/numpy/") || message.contains("numpy")).then(|| "numpy".to_owned())
 }
 
 fn check_op(
@@ -215,7 +228,7 @@ fn check_op(
     decl: &'static OpDecl,
     report: &mut ValidationReport,
     causes: &mut Vec<String>,
-    numpy_missing: bool,
+    numpy_cause: Option<&str>,
 ) {
     let here = || Some(OpRef::of(decl));
     let mut own = |report: &mut ValidationReport, message: String| {
@@ -225,23 +238,23 @@ fn check_op(
     let module = match source::shared_module(py, decl.name(), &src) {
         Ok(m) => m,
         Err(e) => {
-            match missing_module(&e) {
-                // Already reported as its own problem, which lists this op.
-                Some(m) if m == "numpy" && numpy_missing && decl.mode() == Mode::Numpy => {}
-                Some(m) => {
-                    let message = e.with_op("").to_string();
-                    report.add(causes, format!("module {m}"), here(), message);
-                }
-                None => {
-                    // Ops sharing one source share its load error.
-                    let message = e.with_op("").to_string();
-                    report.add(
-                        causes,
-                        format!("source {}", src.describe()),
-                        here(),
-                        message,
-                    );
-                }
+            let module = missing_module(&e);
+            let message = e.with_op("").to_string();
+            let cause = match (module, numpy_cause) {
+                // NumPy missing is one problem, whichever way an op meets it.
+                (Some(m), Some(numpy)) if m == "numpy" => numpy.to_owned(),
+                (Some(m), _) => format!("module {m}"),
+                // Ops sharing one source share its load error.
+                (None, _) => format!("source {}", src.describe()),
+            };
+            let listed = causes.iter().position(|c| *c == cause).is_some_and(|i| {
+                report.problems[i]
+                    .ops
+                    .iter()
+                    .any(|o| o.name == decl.name() && o.line == decl.line())
+            });
+            if !listed {
+                report.add(causes, cause, here(), message);
             }
             return;
         }
