@@ -6,11 +6,11 @@ use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
 
-use crate::convert::Arg;
-use crate::error::Result;
+use crate::arg::Arg;
+use crate::body::source::Source;
+use crate::error::{Error, Result};
 use crate::grad::RustGradient;
 use crate::op::{CallOptions, OpBuilder, PyOp};
-use crate::source::Source;
 use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
@@ -142,6 +142,16 @@ impl OpDecl {
         self.0.timeout_ms.map(std::time::Duration::from_millis)
     }
 
+    /// Adds where the op was declared to a load error of the op.
+    pub(crate) fn annotate(&self, e: Error) -> Error {
+        e.append_context(&format!(
+            " (op declared as {} at {}:{})",
+            self.rust_path(),
+            self.0.file,
+            self.0.line
+        ))
+    }
+
     /// Where the body comes from, as declared.
     pub fn source_decl(&self) -> &SourceDecl {
         &self.0.source
@@ -202,7 +212,7 @@ impl OpDecl {
         if let Some(ms) = d.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));
         }
-        b.build_in(true).map_err(|e| e.at_declaration(self))
+        b.build_in(true).map_err(|e| self.annotate(e))
     }
 }
 

@@ -85,7 +85,8 @@ pub enum Error {
     /// The body raised a Python exception.
     #[error("{}{exception}: {message}{}", op_prefix(op), fmt_traceback(traceback))]
     Python {
-        op: String,
+        /// The op it comes from; `None` for an error of no one op (`validate()`, set-up).
+        op: Option<String>,
         kind: ErrorKind,
         /// The exception's type name, e.g. `ValueError`.
         exception: String,
@@ -97,7 +98,8 @@ pub enum Error {
     /// A value the body (or gradient) returned does not match what was declared.
     #[error("{}{what}", op_prefix(op))]
     Mismatch {
-        op: String,
+        /// The op it comes from.
+        op: Option<String>,
         kind: ErrorKind,
         /// The output (or gradient) index, when the mismatch is about one value.
         index: Option<usize>,
@@ -107,7 +109,8 @@ pub enum Error {
     /// A failure of pyop itself or of its environment, with a hint of what to do.
     #[error("{}{message}", op_prefix(op))]
     Op {
-        op: String,
+        /// The op it comes from; `None` for an error of no one op.
+        op: Option<String>,
         kind: ErrorKind,
         message: String,
     },
@@ -119,13 +122,38 @@ pub enum Error {
 
 /// "op `name`: ", or nothing for an error that does not come from one op (`validate()`,
 /// `gradcheck`, setting up the interpreter).
-fn op_prefix(op: &str) -> String {
-    if op.is_empty() {
-        String::new()
-    } else {
-        format!("op `{op}`: ")
+fn op_prefix(op: &Option<String>) -> String {
+    match op {
+        Some(op) => format!("op `{op}`: "),
+        None => String::new(),
     }
 }
+
+/// What an error's op name can be made from: an op's name, or [`NO_OP`].
+pub(crate) trait IntoOpName {
+    fn into_op_name(self) -> Option<String>;
+}
+
+impl IntoOpName for &str {
+    fn into_op_name(self) -> Option<String> {
+        Some(self.to_owned())
+    }
+}
+
+impl IntoOpName for &String {
+    fn into_op_name(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+impl IntoOpName for Option<&str> {
+    fn into_op_name(self) -> Option<String> {
+        self.map(str::to_owned)
+    }
+}
+
+/// For errors that do not come from one op.
+pub(crate) const NO_OP: Option<&str> = None;
 
 fn fmt_traceback(tb: &str) -> String {
     if tb.is_empty() {
@@ -158,7 +186,7 @@ impl Error {
     pub fn op(&self) -> Option<&str> {
         match self {
             Error::Python { op, .. } | Error::Mismatch { op, .. } | Error::Op { op, .. } => {
-                Some(op.as_str()).filter(|op| !op.is_empty())
+                op.as_deref()
             }
             Error::Candle(_) => None,
         }
@@ -180,75 +208,111 @@ impl Error {
         }
     }
 
-    pub(crate) fn op_failure(op: &str, kind: ErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn op_failure(
+        op: impl IntoOpName,
+        kind: ErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
         Error::Op {
-            op: op.to_owned(),
+            op: op.into_op_name(),
             kind,
             message: message.into(),
         }
     }
 
     pub(crate) fn mismatch(
-        op: &str,
+        op: impl IntoOpName,
         kind: ErrorKind,
         index: Option<usize>,
         what: impl Into<String>,
     ) -> Self {
         Error::Mismatch {
-            op: op.to_owned(),
+            op: op.into_op_name(),
             kind,
             index,
             what: what.into(),
         }
     }
 
-    /// Adds where the op was declared to a load error of a `#[py_op]` op.
-    pub(crate) fn at_declaration(mut self, decl: &crate::decl::OpDecl) -> Self {
-        let at = format!(
-            " (op declared as {} at {}:{})",
-            decl.rust_path(),
-            decl.file(),
-            decl.line()
-        );
+    /// Adds `context` to the message (e.g. where the op was declared).
+    pub(crate) fn append_context(mut self, context: &str) -> Self {
         match &mut self {
             Error::Python { message: m, .. }
             | Error::Mismatch { what: m, .. }
-            | Error::Op { message: m, .. } => m.push_str(&at),
+            | Error::Op { message: m, .. } => m.push_str(context),
             Error::Candle(_) => {}
         }
         self
+    }
+
+    /// The same Python error with another kind and its message rewritten by `message`: how a
+    /// load failure becomes [`ErrorKind::Source`] and an interrupted body [`ErrorKind::Timeout`],
+    /// keeping the traceback. Other errors are returned as they are.
+    pub(crate) fn with_kind(self, kind: ErrorKind, message: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Error::Python {
+                op,
+                exception,
+                message: m,
+                traceback,
+                ..
+            } => Error::Python {
+                op,
+                kind,
+                exception,
+                message: message(m),
+                traceback,
+            },
+            e => e,
+        }
     }
 
     /// Says which op a candle error on its call path came from (a bare `Error::Candle` would
     /// not), keeping candle's message.
     pub(crate) fn in_op(self, name: &str) -> Self {
         match self {
-            Error::Candle(e) => {
-                Error::op_failure(name, ErrorKind::Candle, crate::tensor::candle_message(&e))
-            }
+            Error::Candle(e) => Error::op_failure(name, ErrorKind::Candle, candle_message(&e)),
             e => e,
         }
     }
 
     /// Names the op, if the error was made before the op was known.
-    pub(crate) fn with_op_if_empty(self, name: &str) -> Self {
+    pub(crate) fn with_op_if_none(self, name: &str) -> Self {
         if self.op().is_none() && !matches!(self, Error::Candle(_)) {
-            self.with_op(name)
+            self.with_op(Some(name))
         } else {
             self
         }
     }
 
-    /// Replaces the op name of an error that was made before the op was known.
-    pub(crate) fn with_op(mut self, name: &str) -> Self {
+    /// Replaces the op name (`None`: an error of no one op).
+    pub(crate) fn with_op(mut self, name: Option<&str>) -> Self {
         match &mut self {
             Error::Python { op, .. } | Error::Mismatch { op, .. } | Error::Op { op, .. } => {
-                name.clone_into(op)
+                *op = name.map(str::to_owned)
             }
             Error::Candle(_) => {}
         }
         self
     }
+}
+
+/// candle's message without the Rust backtrace it carries when `RUST_BACKTRACE` is set: the
+/// Python traceback says where the body was.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        e => e.to_string(),
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
 }
 
 /// Returns early with an [`Error::Op`].

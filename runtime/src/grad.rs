@@ -23,10 +23,12 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::convert::{self, Arg, OutputCheck, Prepared};
-use crate::error::{Error, ErrorKind, Result};
+use crate::arg::Arg;
+use crate::bridge::outputs::OutputCheck;
+use crate::bridge::prepare::Prepared;
+use crate::bridge::with_gil;
+use crate::error::{panic_message, Error, ErrorKind, Result, NO_OP};
 use crate::op::{OpInner, PyOp};
-use crate::python::{self, with_gil};
 use crate::spec::OutSpec;
 
 /// A gradient written in Rust: given the op's arguments, outputs and the gradient arriving at each
@@ -446,8 +448,9 @@ impl Node {
         let started = Instant::now();
         // Outputs and incoming gradients, prepared for Python in one go.
         let both: Vec<Arg<'_>> = self.outputs.iter().chain(grads).map(Arg::Tensor).collect();
-        let mut out_prepared =
-            python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, &both))?;
+        let mut out_prepared = crate::python::without_gil(|| {
+            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, &both)
+        })?;
         let grad_prepared = out_prepared.split_off(self.outputs.len());
         let lists = self.tensor_lists();
         let args = self.args_with_lists(&lists);
@@ -457,20 +460,35 @@ impl Node {
             .map(|p| p.tensor.device().clone())
             .unwrap_or(candle_core::Device::Cpu);
         let result = with_gil(&op.name, |py| {
-            let _device = crate::tensor::DeviceScope::enter(&device);
-            let inputs =
-                convert::python_args(py, op.mode, &args, &self.prepared, convert::Lists::AsTuples)
-                    .map_err(|e| python::python_error(py, &op.name, e))?;
+            let _device = crate::bridge::tensor::device::DeviceScope::enter(&device);
+            let inputs = crate::bridge::args::python_args(
+                py,
+                op.mode,
+                &args,
+                &self.prepared,
+                crate::bridge::args::Lists::AsTuples,
+            )
+            .map_err(|e| crate::python::errors::python_error(py, &op.name, e))?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
-            let outputs =
-                convert::python_args(py, op.mode, &outs, &out_prepared, convert::Lists::AsTuples)
-                    .map_err(|e| python::python_error(py, &op.name, e))?;
+            let outputs = crate::bridge::args::python_args(
+                py,
+                op.mode,
+                &outs,
+                &out_prepared,
+                crate::bridge::args::Lists::AsTuples,
+            )
+            .map_err(|e| crate::python::errors::python_error(py, &op.name, e))?;
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
-            let grads =
-                convert::python_args(py, op.mode, &gs, &grad_prepared, convert::Lists::AsTuples)
-                    .map_err(|e| python::python_error(py, &op.name, e))?;
+            let grads = crate::bridge::args::python_args(
+                py,
+                op.mode,
+                &gs,
+                &grad_prepared,
+                crate::bridge::args::Lists::AsTuples,
+            )
+            .map_err(|e| crate::python::errors::python_error(py, &op.name, e))?;
             let f = op.python_gradient_now(py, f);
-            let returned = crate::timeout::run_limited(py, &op.name, op.timeout, || {
+            let returned = crate::python::timeout::run_limited(py, &op.name, op.timeout, || {
                 f.call1((inputs, outputs, grads))
             })?;
             self.python_results(py, &args, &device, &returned)
@@ -528,7 +546,7 @@ impl Node {
                     format!(
                         "expected a tuple of {} gradients, got {}",
                         tensor_args.len(),
-                        convert::describe_value(returned)
+                        crate::bridge::numbers::describe_value(returned)
                     ),
                 ))
             }
@@ -546,7 +564,7 @@ impl Node {
                             format!(
                                 "expected a tuple of {} gradients for a list argument, got {}",
                                 ts.len(),
-                                convert::describe_value(&entry)
+                                crate::bridge::numbers::describe_value(&entry)
                             ),
                         ))
                     }
@@ -569,7 +587,7 @@ impl Node {
                         what: "gradient",
                         args: &[],
                     };
-                    out.push(Some(convert::value_to_tensor(
+                    out.push(Some(crate::bridge::outputs::value_to_tensor(
                         py, &check, flat_index, &spec, &item,
                     )?));
                 }
@@ -617,14 +635,6 @@ impl Value {
             Value::Tensor | Value::Tensors(_) => unreachable!("tensors are handled by the caller"),
         }
     }
-}
-
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -739,7 +749,7 @@ where
         }
         total.ok_or_else(|| {
             Error::op_failure(
-                "",
+                NO_OP,
                 ErrorKind::InvalidArgument,
                 "the function has no float output",
             )
@@ -776,7 +786,7 @@ where
             worst = worst.max(err);
             if err > tol.atol + tol.rtol * numeric.abs() || err.is_nan() {
                 return Err(Error::mismatch(
-                    "",
+                    NO_OP,
                     ErrorKind::GradientMismatch,
                     Some(i),
                     format!(

@@ -3,42 +3,40 @@
 //! this crate's API and the `#[py_op]` macro.
 
 mod alloc;
-mod convert;
+mod arg;
+mod body;
+mod bridge;
 mod decl;
-mod env;
 mod error;
-mod expose;
 mod grad;
 mod op;
 mod python;
-mod reload;
-mod source;
 mod spec;
 mod stats;
-mod tensor;
-mod timeout;
 mod validate;
 
-pub use convert::Arg;
+pub use arg::Arg;
+pub use body::reload::set_hot_reload;
+pub use body::source::Source;
+pub use bridge::expose::expose;
+pub use bridge::python_env;
+pub use bridge::tensor::PyTensor;
+pub use bridge::value::Value;
 pub use decl::{op_stats, registered_op, registered_ops, GradDecl, OpDecl, SourceDecl, StaticOp};
-pub use env::{EnvSource, Interpreter, PythonEnv};
 pub use error::{Error, ErrorKind, Result};
-pub use expose::{expose, Value};
 pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
 pub use op::{CallOptions, OpBuilder, PyOp};
-pub use python::python_env;
-pub use reload::set_hot_reload;
-pub use source::Source;
+pub use python::env::{EnvSource, Interpreter, PythonEnv};
+pub use python::exceptions::{error_to_python, OpTimeout, RustError};
 pub use spec::{numpy_can_hold, Mode, OutSpec};
 pub use stats::OpStats;
-pub use tensor::{error_to_python, OpTimeout, PyTensor, RustError};
 pub use validate::{manifest_json, validate, validation_report, OpRef, Problem, ValidationReport};
 
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::decl::{OpDeclParts, Registration};
-    pub use crate::env::BuildEnv;
+    pub use crate::python::env::BuildEnv;
     pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;

@@ -2,8 +2,8 @@
 //!
 //! The path of a call ([`PyOp::call`]): pick the device and check the inputs are on it → prepare
 //! the inputs without the GIL (snapshot `Var`s, move to host for numpy mode) → take the GIL once
-//! ([`crate::python::with_gil`]), build the Python arguments, run the body, check its outputs
-//! against `tout` ([`crate::convert::outputs_from_python`]) → release the GIL → put the outputs
+//! ([`crate::bridge::with_gil`]), build the Python arguments, run the body, check its outputs
+//! against `tout` ([`crate::bridge::outputs::outputs_from_python`]) → release the GIL → put the outputs
 //! into candle's autograd when the op has a registered gradient or runs in numpy mode
 //! ([`crate::grad`]).
 
@@ -15,11 +15,12 @@ use candle_core::{Device, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::convert::{self, Arg, OutputCheck};
+use crate::arg::Arg;
+use crate::body::source::{self, Source};
+use crate::bridge::outputs::OutputCheck;
+use crate::bridge::with_gil;
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::grad::{self, Gradient, RustGradient};
-use crate::python::{self, with_gil};
-use crate::source::{self, Source};
 use crate::spec::{numpy_can_hold, Mode, OutSpec};
 use crate::stats::{Counters, OpStats};
 
@@ -38,10 +39,10 @@ pub(crate) struct OpInner {
     pub body: Py<PyAny>,
     pub gradient: Option<Gradient>,
     pub timeout: Option<Duration>,
-    /// Whether the body takes an `out` keyword (numpy mode): see `convert::OutBuffers`.
+    /// Whether the body takes an `out` keyword (numpy mode): see `bridge::out::OutBuffers`.
     accepts_out: bool,
     /// Set when hot reload watches the body's files.
-    reload: Option<crate::reload::Reload>,
+    reload: Option<crate::body::reload::Reload>,
     function: String,
     gradient_name: Option<String>,
     pub counters: Counters,
@@ -187,8 +188,10 @@ impl PyOp {
         // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
         let needs_node =
             (op.mode == Mode::Numpy || op.gradient.is_some()) && grad::any_tracked(args);
-        let prepared = python::without_gil(|| convert::prepare_inputs(&op.name, op.mode, args))
-            .map_err(|e| e.in_op(&op.name));
+        let prepared = crate::python::without_gil(|| {
+            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, args)
+        })
+        .map_err(|e| e.in_op(&op.name));
         let prepared =
             prepared.inspect_err(|_| op.counters.record(false, Duration::ZERO, Duration::ZERO))?;
         let prepared = if needs_node {
@@ -200,13 +203,18 @@ impl PyOp {
         let started = Instant::now();
         let timeout = options.timeout.or(op.timeout);
         let result = with_gil(&op.name, |py| {
-            let _device = crate::tensor::DeviceScope::enter(&device);
+            let _device = crate::bridge::tensor::device::DeviceScope::enter(&device);
             if op.mode == Mode::Numpy {
-                python::ensure_numpy(py, &op.name)?;
+                crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
             }
-            let py_args =
-                convert::python_args(py, op.mode, args, &prepared, convert::Lists::AsLists)
-                    .map_err(|e| python::python_error(py, &op.name, e))?;
+            let py_args = crate::bridge::args::python_args(
+                py,
+                op.mode,
+                args,
+                &prepared,
+                crate::bridge::args::Lists::AsLists,
+            )
+            .map_err(|e| crate::python::errors::python_error(py, &op.name, e))?;
             let check = OutputCheck {
                 op: &op.name,
                 tout: &op.tout,
@@ -220,27 +228,27 @@ impl PyOp {
             let shapes = if accepts_out && !op.tout.is_empty() {
                 op.tout
                     .iter()
-                    .map(|o| convert::known_shape(o, args))
+                    .map(|o| crate::bridge::outputs::known_shape(o, args))
                     .collect::<Option<Vec<_>>>()
             } else {
                 None
             };
             if let Some(shapes) = shapes {
-                let out =
-                    convert::out_buffers(py, &op.tout, shapes).map_err(|e| e.with_op(&op.name))?;
+                let out = crate::bridge::out::out_buffers(py, &op.tout, shapes)
+                    .map_err(|e| e.with_op(Some(&op.name)))?;
                 let kwargs = PyDict::new(py);
                 kwargs
                     .set_item(pyo3::intern!(py, "out"), &out.arg)
-                    .map_err(|e| python::python_error(py, &op.name, e))?;
-                let returned = crate::timeout::run_limited(py, &op.name, timeout, || {
+                    .map_err(|e| crate::python::errors::python_error(py, &op.name, e))?;
+                let returned = crate::python::timeout::run_limited(py, &op.name, timeout, || {
                     body.call(py_args, Some(&kwargs))
                 })?;
                 drop(kwargs);
                 return out.finish(&check, returned);
             }
             let returned =
-                crate::timeout::run_limited(py, &op.name, timeout, || body.call1(py_args))?;
-            convert::outputs_from_python(py, &check, &returned)
+                crate::python::timeout::run_limited(py, &op.name, timeout, || body.call1(py_args))?;
+            crate::bridge::outputs::outputs_from_python(py, &check, &returned)
         })
         .map_err(|e| e.in_op(&op.name));
         let (outputs, waited) = match result {
@@ -385,8 +393,7 @@ impl OpBuilder {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let mut files = Vec::new();
-        crate::reload::read_package(root, &mut files).map_err(|e| {
+        let files = crate::body::package::read(root).map_err(|e| {
             Error::op_failure(
                 &self.name,
                 ErrorKind::Source,
@@ -508,7 +515,7 @@ impl OpBuilder {
                             &name,
                             MissingFunction,
                             "the body is not callable (it is {})",
-                            convert::describe_value(f.bind(py))
+                            crate::bridge::numbers::describe_value(f.bind(py))
                         );
                     }
                     (None, f, None)
@@ -551,7 +558,7 @@ impl OpBuilder {
         .0;
         let reload = source
             .as_ref()
-            .and_then(|s| crate::reload::Reload::for_source(s, shared));
+            .and_then(|s| crate::body::reload::Reload::for_source(s, shared));
         Ok(PyOp {
             inner: Arc::new(OpInner {
                 name,
@@ -605,8 +612,8 @@ impl OpInner {
     fn reloaded<'py>(
         &self,
         py: Python<'py>,
-        r: &crate::reload::Reload,
-    ) -> crate::reload::Current<'py> {
+        r: &crate::body::reload::Reload,
+    ) -> crate::body::reload::Current<'py> {
         let built_grad = match &self.gradient {
             Some(Gradient::Python(g)) => Some(g),
             _ => None,

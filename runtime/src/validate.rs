@@ -4,10 +4,10 @@ use std::fmt::{self, Write as _};
 
 use pyo3::prelude::*;
 
+use crate::body::source;
+use crate::bridge::with_gil;
 use crate::decl::{registered_ops, GradDecl, OpDecl, SourceDecl};
-use crate::error::{Error, ErrorKind, Result};
-use crate::python::{self, with_gil};
-use crate::source;
+use crate::error::{Error, ErrorKind, Result, NO_OP};
 use crate::spec::{tout_to_string, Mode};
 
 /// One thing wrong: with the program's Python set-up, or with one or more declared ops. One root
@@ -98,7 +98,7 @@ impl ValidationReport {
         for p in &self.problems {
             let _ = write!(msg, "\n  - {}", p.to_string().replace('\n', "\n    "));
         }
-        Err(Error::op_failure("", ErrorKind::Validation, msg))
+        Err(Error::op_failure(NO_OP, ErrorKind::Validation, msg))
     }
 
     /// Adds `op` to the problem of `cause`, or a new problem with `message`.
@@ -138,11 +138,11 @@ pub fn validate() -> Result<ValidationReport> {
 
 /// Like [`validate`], but returns the report even when it lists problems.
 pub fn validation_report() -> Result<ValidationReport> {
-    with_gil("", |py| {
+    with_gil(NO_OP, |py| {
         let mut report = ValidationReport::default();
         // One entry per problem: what it is about, for grouping.
         let mut causes: Vec<String> = Vec::new();
-        let env = python::current_env(py);
+        let env = crate::python::env::current(py);
         for (i, p) in env
             .map(|e| e.problems.as_slice())
             .unwrap_or_default()
@@ -159,7 +159,7 @@ pub fn validation_report() -> Result<ValidationReport> {
             .collect();
         let mut numpy_cause = None;
         if let Some(first) = numpy_ops.first() {
-            if let Err(e) = python::ensure_numpy(py, "") {
+            if let Err(e) = crate::python::numpy::ensure_numpy(py, NO_OP) {
                 // NumPy missing because of the set-up (a venv of another Python) is that
                 // problem's consequence, not a problem of its own.
                 let cause = match causes.len() {
@@ -239,7 +239,7 @@ fn check_op(
         Ok(m) => m,
         Err(e) => {
             let module = missing_module(&e);
-            let message = e.with_op("").to_string();
+            let message = e.with_op(None).to_string();
             let cause = match (module, numpy_cause) {
                 // NumPy missing is one problem, whichever way an op meets it.
                 (Some(m), Some(numpy)) if m == "numpy" => numpy.to_owned(),
@@ -261,7 +261,7 @@ fn check_op(
     };
     let params = decl.params().join(", ");
     match source::function(&module, decl.name(), decl.function(), &src, "function") {
-        Err(e) => own(report, e.with_op("").to_string()),
+        Err(e) => own(report, e.with_op(None).to_string()),
         Ok(f) => match accepts(py, &f, decl.params().len()) {
             Ok(true) => {}
             Ok(false) => report.skipped.push(format!(
@@ -280,7 +280,7 @@ fn check_op(
     }
     if let Some(GradDecl::Python(g)) = decl.gradient() {
         match source::function(&module, decl.name(), g, &src, "gradient") {
-            Err(e) => own(report, e.with_op("").to_string()),
+            Err(e) => own(report, e.with_op(None).to_string()),
             Ok(f) => match accepts(py, &f, 3) {
                 Ok(true) => {}
                 Ok(false) => report.skipped.push(format!(
@@ -298,15 +298,17 @@ fn check_op(
 
 /// Whether `f` accepts `n` positional arguments: `Ok(false)` when it has no signature to check.
 fn accepts(py: Python<'_>, f: &Bound<'_, PyAny>, n: usize) -> std::result::Result<bool, String> {
-    let inspect = py.import("inspect").map_err(|e| python::describe(py, &e))?;
+    let inspect = py
+        .import("inspect")
+        .map_err(|e| crate::python::errors::describe(py, &e))?;
     let Ok(sig) = inspect.call_method1("signature", (f,)) else {
         return Ok(false);
     };
     let args = pyo3::types::PyTuple::new(py, (0..n).map(|_| py.None()))
-        .map_err(|e| python::describe(py, &e))?;
+        .map_err(|e| crate::python::errors::describe(py, &e))?;
     match sig.call_method1("bind", args) {
         Ok(_) => Ok(true),
-        Err(e) => Err(python::describe(py, &e)),
+        Err(e) => Err(crate::python::errors::describe(py, &e)),
     }
 }
 

@@ -1,22 +1,12 @@
-//! Rust functions that bodies can call: `pyop.rust.<name>(...)`.
-//!
-//! A body calls back into Rust through a function registered with [`expose`]. The function runs
-//! with the GIL released (it may do candle work, call other ops, block), a panic in it becomes an
-//! error of kind [`ErrorKind::Panic`](crate::ErrorKind::Panic), and an error it returns is raised
-//! in the body as `pyop.RustError` — which, if the body lets it pass, the calling op reports with
-//! its kind kept and the body's traceback added.
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+//! [`Value`]: what passes between a body and an exposed Rust function, both ways.
 
 use candle_core::Tensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use super::numbers::{describe_value, to_tensor};
+use super::tensor::PyTensor;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grad::panic_message;
-use crate::python::with_gil;
-use crate::tensor::{error_to_python, PyTensor};
 
 /// A value passed between a body and an exposed Rust function ([`expose`]).
 ///
@@ -102,48 +92,7 @@ fn wrong(what: &str, got: &Value) -> Error {
     )
 }
 
-type RustFn = dyn Fn(Vec<Value>) -> Result<Value> + Send + Sync;
-
-/// An exposed Rust function as Python sees it.
-#[pyclass(frozen, name = "RustFunction", module = "pyop")]
-struct RustFunction {
-    name: String,
-    f: Arc<RustFn>,
-}
-
-#[pymethods]
-impl RustFunction {
-    #[pyo3(signature = (*args))]
-    fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
-        let values = args
-            .iter()
-            .map(|a| from_python(py, &a))
-            .collect::<PyResult<Vec<_>>>()?;
-        let (f, name) = (self.f.clone(), self.name.clone());
-        let result = py.detach(move || {
-            catch_unwind(AssertUnwindSafe(|| f(values))).unwrap_or_else(|panic| {
-                Err(Error::op_failure(
-                    &name,
-                    ErrorKind::Panic,
-                    format!(
-                        "the Rust function `{name}` panicked: {}",
-                        panic_message(&*panic)
-                    ),
-                ))
-            })
-        });
-        match result {
-            Ok(v) => to_python(py, v).map(Bound::unbind),
-            Err(e) => Err(error_to_python(e.with_op_if_empty(&self.name))),
-        }
-    }
-
-    fn __repr__(&self) -> String {
-        format!("<pyop Rust function {}>", self.name)
-    }
-}
-
-fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
+pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
     if v.is_none() {
         return Ok(Value::None);
     }
@@ -169,17 +118,17 @@ fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
             .collect::<PyResult<_>>()
             .map(Value::List);
     }
-    match crate::convert::to_tensor(py, v, None) {
+    match to_tensor(py, v, None) {
         Ok(Some(t)) => Ok(Value::Tensor(t)),
         Ok(None) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
             "a Rust function takes tensors, arrays, numbers, str, None and lists of them, not {}",
-            crate::convert::describe_value(v)
+            describe_value(v)
         ))),
         Err(msg) => Err(pyo3::exceptions::PyValueError::new_err(msg)),
     }
 }
 
-fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
+pub(crate) fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
     Ok(match v {
         Value::None => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
@@ -195,37 +144,4 @@ fn to_python(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
             list.into_any()
         }
     })
-}
-
-/// Makes `f` callable from every body as `pyop.rust.<name>(...)`; registering a name again
-/// replaces the function.
-///
-/// ```
-/// use pyop::candle::{Device, Tensor};
-/// use pyop::{expose, py_op, Value};
-///
-/// #[py_op(code = "import pyop\ndef twice_plus_one(x):\n    return pyop.rust.double(x) + 1", tout = f32)]
-/// fn twice_plus_one(x: &Tensor) -> pyop::Result<Tensor>;
-///
-/// expose("double", |args| Ok(Value::from((args[0].tensor()? * 2.0)?)))?;
-/// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
-/// assert_eq!(twice_plus_one(&x)?.to_vec1::<f32>()?, [3.0, 5.0]);
-/// # Ok::<(), pyop::Error>(())
-/// ```
-pub fn expose<F>(name: &str, f: F) -> Result<()>
-where
-    F: Fn(Vec<Value>) -> Result<Value> + Send + Sync + 'static,
-{
-    let function = RustFunction {
-        name: name.to_owned(),
-        f: Arc::new(f),
-    };
-    with_gil("", |py| {
-        let run = || -> PyResult<()> {
-            let rust = py.import("pyop")?.getattr("rust")?;
-            rust.setattr(name, Bound::new(py, function)?)
-        };
-        run().map_err(|e| crate::python::python_error(py, "expose", e))
-    })
-    .map(|_| ())
 }

@@ -11,8 +11,9 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 
+use super::package::PackageFiles;
 use crate::error::{Error, ErrorKind, Result};
-use crate::python::python_error;
+use crate::python::errors::python_error;
 
 /// The Python source of an op's body.
 #[derive(Clone, Debug)]
@@ -39,7 +40,7 @@ pub enum Source {
         root: Cow<'static, str>,
         name: Cow<'static, str>,
         module: Cow<'static, str>,
-        files: Vec<(Cow<'static, str>, Cow<'static, str>)>,
+        files: PackageFiles,
     },
 }
 
@@ -190,17 +191,7 @@ pub(crate) fn package_module<'py>(
         unreachable!("called for packages only")
     };
     let run = || -> PyResult<Bound<'py, PyAny>> {
-        let files_dict = PyDict::new(py);
-        for (path, text) in files {
-            files_dict.set_item(path.as_ref(), text.as_ref())?;
-        }
-        let pyop = PyModule::import(py, "pyop")?;
-        pyop.getattr("_install_package")?.call1((
-            name.as_ref(),
-            root.as_ref(),
-            files_dict,
-            replace,
-        ))?;
+        super::package::install(py, name, root, files, replace)?;
         PyModule::import(py, "importlib")?.call_method1("import_module", (module.as_ref(),))
     };
     run().map_err(|e| source_error(py, op, &source.describe(), e))
@@ -223,22 +214,7 @@ fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny
 
 /// A Python error met while loading a source: kind [`ErrorKind::Source`], saying which source.
 fn source_error(py: Python<'_>, op: &str, what: &str, e: PyErr) -> Error {
-    match python_error(py, op, e) {
-        Error::Python {
-            op,
-            exception,
-            message,
-            traceback,
-            ..
-        } => Error::Python {
-            op,
-            kind: ErrorKind::Source,
-            exception,
-            message: format!("cannot load {what}: {message}"),
-            traceback,
-        },
-        e => e,
-    }
+    python_error(py, op, e).with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
 }
 
 /// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
@@ -321,7 +297,7 @@ pub(crate) fn function<'py>(
             format!(
                 "the {what} `{name}` in {} is not callable (it is {})",
                 source.describe(),
-                crate::convert::describe_value(&f)
+                crate::bridge::numbers::describe_value(&f)
             ),
         )),
         Err(_) => {

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use pyo3::prelude::*;
 
+use super::package;
+use super::source::{self, Source};
 use crate::error::Result;
-use crate::source::{self, Source};
 
 /// How often a reloading op looks at its files.
 pub const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -208,8 +209,7 @@ fn reread(op: &str, source: &Source) -> Result<Source> {
         Source::Package {
             root, name, module, ..
         } => {
-            let mut files = Vec::new();
-            read_package(Path::new(root.as_ref()), &mut files).map_err(|e| {
+            let files = package::read(Path::new(root.as_ref())).map_err(|e| {
                 crate::Error::op_failure(
                     op,
                     crate::ErrorKind::Source,
@@ -238,59 +238,14 @@ fn stamp(source: &Source) -> Stamp {
     };
     match source {
         Source::File { path, .. } => vec![of(Path::new(path.as_ref()))],
-        Source::Package { root, .. } => package_files(Path::new(root.as_ref())),
+        Source::Package { root, .. } => {
+            let root = Path::new(root.as_ref());
+            package::walk(root)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|rel| of(&root.join(rel)))
+                .collect()
+        }
         _ => Vec::new(),
     }
-}
-
-/// The `.py` files under `root` (relative paths), with their times and sizes, sorted.
-fn package_files(root: &Path) -> Stamp {
-    fn walk(dir: &Path, rel: &Path, out: &mut Stamp) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let (path, rel) = (e.path(), rel.join(&name));
-            if path.is_dir() {
-                if name != "__pycache__" {
-                    walk(&path, &rel, out);
-                }
-            } else if path.extension().is_some_and(|x| x == "py") {
-                let meta = e.metadata().ok();
-                out.push((
-                    rel,
-                    meta.as_ref().and_then(|m| m.modified().ok()),
-                    meta.map_or(0, |m| m.len()),
-                ));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, Path::new(""), &mut out);
-    out.sort();
-    out
-}
-
-/// Reads every `.py` file under `root` as (relative `/`-separated path, text).
-#[allow(clippy::type_complexity)]
-pub(crate) fn read_package(
-    root: &Path,
-    files: &mut Vec<(
-        std::borrow::Cow<'static, str>,
-        std::borrow::Cow<'static, str>,
-    )>,
-) -> std::io::Result<()> {
-    let listed = package_files(root);
-    if listed.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no .py files",
-        ));
-    }
-    for (rel, _, _) in listed {
-        let text = std::fs::read_to_string(root.join(&rel))?;
-        files.push((rel.to_string_lossy().replace('\\', "/").into(), text.into()));
-    }
-    Ok(())
 }

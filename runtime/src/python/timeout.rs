@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::python::python_error;
+use super::errors::python_error;
+use super::exceptions::OpTimeout;
+use crate::error::{ErrorKind, Result};
 
 const RUNNING: u8 = 0;
 const DONE: u8 = 1;
@@ -56,7 +57,7 @@ fn watch_loop(rx: mpsc::Receiver<Watch>) {
                     .compare_exchange(RUNNING, FIRED, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
-                    let exc = py.get_type::<crate::tensor::OpTimeout>();
+                    let exc = py.get_type::<OpTimeout>();
                     // SAFETY: the GIL is held; `exc` is a live exception type.
                     unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(w.thread as _, exc.as_ptr()) };
                 }
@@ -89,27 +90,13 @@ pub(crate) fn run_limited<'py>(
         // SAFETY: the GIL is held; a null exception clears one still pending on this thread.
         unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(thread as _, std::ptr::null_mut()) };
         if let Err(e) = result {
-            if !e.is_instance_of::<crate::tensor::OpTimeout>(py) {
+            if !e.is_instance_of::<OpTimeout>(py) {
                 return Err(python_error(py, op, e));
             }
             // Keep the traceback: it says where the body was when it was interrupted.
-            return Err(match python_error(py, op, e) {
-                Error::Python {
-                    op,
-                    exception,
-                    traceback,
-                    ..
-                } => Error::Python {
-                    op,
-                    kind: ErrorKind::Timeout,
-                    exception,
-                    message: format!(
-                        "the body ran past its time limit of {limit:?} and was interrupted"
-                    ),
-                    traceback,
-                },
-                other => other,
-            });
+            return Err(python_error(py, op, e).with_kind(ErrorKind::Timeout, |_| {
+                format!("the body ran past its time limit of {limit:?} and was interrupted")
+            }));
         }
         return result.map_err(|e| python_error(py, op, e));
     }

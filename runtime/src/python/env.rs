@@ -13,6 +13,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+use super::errors::describe;
+use crate::error::{Error, ErrorKind, Result, NO_OP};
 
 /// Why pyop chose the Python environment it uses; see [`PythonEnv`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,8 +142,46 @@ pub struct BuildEnv {
 
 inventory::collect!(BuildEnv);
 
+static ENV: PyOnceLock<PythonEnv> = PyOnceLock::new();
+
+/// Sets the interpreter up once per process: line-buffered output, the environment found,
+/// added to `sys.path` and checked.
+pub(crate) fn init(py: Python<'_>) -> Result<&'static PythonEnv> {
+    ENV.get_or_try_init(py, || {
+        set_up_interpreter(py).map_err(|e| {
+            Error::op_failure(
+                NO_OP,
+                ErrorKind::PythonUnavailable,
+                format!("cannot set up the embedded Python: {}", describe(py, &e)),
+            )
+        })
+    })
+}
+
+/// The environment, once the interpreter is set up.
+pub(crate) fn current(py: Python<'_>) -> Option<&'static PythonEnv> {
+    ENV.get(py)
+}
+
+/// Line-buffers Python's stdout and stderr, then finds and checks the environment.
+fn set_up_interpreter(py: Python<'_>) -> PyResult<PythonEnv> {
+    let sys = py.import("sys")?;
+    // Rust's stdout is line-buffered; Python's is block-buffered when not a terminal. Line
+    // buffering on both keeps their output in order, line by line, when both print.
+    for stream in ["stdout", "stderr"] {
+        if let Ok(s) = sys.getattr(stream) {
+            if s.hasattr("reconfigure").unwrap_or(false) {
+                let kwargs = pyo3::types::PyDict::new(py);
+                kwargs.set_item("line_buffering", true)?;
+                let _ = s.call_method("reconfigure", (), Some(&kwargs));
+            }
+        }
+    }
+    set_up(py)
+}
+
 /// Finds the environment, adds its `site-packages` to `sys.path` and checks the set-up.
-pub(crate) fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
+fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
     let sys = py.import("sys")?;
     let version: String = sys.getattr("version")?.extract()?;
     let (major, minor, micro): (u32, u32, u32) = sys

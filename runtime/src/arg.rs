@@ -1,0 +1,84 @@
+//! The arguments of an op call, as the generated functions and `PyOp::call` pass them.
+
+use candle_core::Tensor;
+
+/// One argument of an op call, in declaration order. Plain values reach Python as `float`, `int`,
+/// `bool`, `str`, lists of them, or `None`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    Tensor(&'a Tensor),
+    Tensors(&'a [Tensor]),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+    Str(&'a str),
+    F64s(&'a [f64]),
+    I64s(&'a [i64]),
+    /// An absent `Option<…>`.
+    None,
+}
+
+impl<'a> From<&'a Tensor> for Arg<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Arg::Tensor(t)
+    }
+}
+
+impl<'a> From<&'a [Tensor]> for Arg<'a> {
+    fn from(t: &'a [Tensor]) -> Self {
+        Arg::Tensors(t)
+    }
+}
+
+impl From<f64> for Arg<'_> {
+    fn from(v: f64) -> Self {
+        Arg::F64(v)
+    }
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::I64(v)
+    }
+}
+
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Str(v)
+    }
+}
+
+impl<'a> From<&'a [f64]> for Arg<'a> {
+    fn from(v: &'a [f64]) -> Self {
+        Arg::F64s(v)
+    }
+}
+
+impl<'a> From<&'a [i64]> for Arg<'a> {
+    fn from(v: &'a [i64]) -> Self {
+        Arg::I64s(v)
+    }
+}
+
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::None, Into::into)
+    }
+}
+
+impl<'a> Arg<'a> {
+    /// Calls `f` on every tensor of the argument.
+    pub(crate) fn for_each_tensor(&self, mut f: impl FnMut(&'a Tensor)) {
+        match self {
+            Arg::Tensor(t) => f(t),
+            Arg::Tensors(ts) => ts.iter().for_each(f),
+            _ => {}
+        }
+    }
+}

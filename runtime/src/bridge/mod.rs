@@ -1,0 +1,64 @@
+//! The bridge between candle and Python: the one door op code takes into Python ([`with_gil`]),
+//! tensors made ready for Python and turned into NumPy views or `pyop.Tensor`s, Python values
+//! turned back into tensors by the one output check, the `pyop` module, and Rust functions
+//! exposed to bodies.
+
+pub(crate) mod args;
+pub(crate) mod expose;
+pub(crate) mod numbers;
+pub(crate) mod out;
+pub(crate) mod outputs;
+pub(crate) mod prepare;
+pub(crate) mod tensor;
+pub(crate) mod value;
+pub(crate) mod view;
+
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+use crate::error::{Error, ErrorKind, IntoOpName, Result, NO_OP};
+use crate::python::env::{self, PythonEnv};
+use crate::python::errors::describe;
+
+/// Runs `f` with the GIL held; returns its result and how long this thread waited for the GIL.
+///
+/// Re-entrant: a thread that already holds the GIL (a body calling back into Rust, or Rust code
+/// inside `Python::attach`) gets it again at once.
+pub(crate) fn with_gil<R>(
+    op: impl IntoOpName,
+    f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
+) -> Result<(R, Duration)> {
+    let asked = Instant::now();
+    Python::attach(|py| {
+        let waited = asked.elapsed();
+        ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
+        f(py).map(|r| (r, waited))
+    })
+}
+
+static MODULE: PyOnceLock<()> = PyOnceLock::new();
+
+/// Starts and sets up the interpreter, and installs the `pyop` module, once per process.
+fn ensure_ready(py: Python<'_>) -> Result<&'static PythonEnv> {
+    let env = env::init(py)?;
+    MODULE.get_or_try_init(py, || {
+        tensor::module::install(py).map_err(|e| {
+            Error::op_failure(
+                NO_OP,
+                ErrorKind::PythonUnavailable,
+                format!(
+                    "cannot register the `pyop` Python module: {}",
+                    describe(py, &e)
+                ),
+            )
+        })
+    })?;
+    Ok(env)
+}
+
+/// The Python environment pyop uses, starting the interpreter if needed.
+pub fn python_env() -> Result<PythonEnv> {
+    Python::attach(|py| ensure_ready(py).cloned())
+}

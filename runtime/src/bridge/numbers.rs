@@ -1,0 +1,365 @@
+//! Python values into tensors: `pyop.Tensor`s, NumPy arrays and scalars of exactly the dtype
+//! wanted, and numbers or nested lists fitted to it exactly (nothing truncates or wraps).
+
+use candle_core::{DType, Device, Shape, Tensor};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
+
+use crate::bridge::tensor::PyTensor;
+use crate::spec::with_numpy_element;
+
+use super::view::{candle_dtype, own_view};
+
+/// `a float`, `a dict`, `a numpy.ndarray of dtype float64`: for error messages.
+pub(crate) fn describe_value(v: &Bound<'_, PyAny>) -> String {
+    if v.is_none() {
+        return "None".to_owned();
+    }
+    if let Ok(a) = v.cast::<PyUntypedArray>() {
+        return format!(
+            "a NumPy array of dtype {} and shape {:?}",
+            dtype_name(&a.dtype()),
+            a.shape()
+        );
+    }
+    let ty = v.get_type();
+    let name = ty
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into());
+    format!("a value of type `{name}`")
+}
+
+pub(crate) fn dtype_name(d: &Bound<'_, PyArrayDescr>) -> String {
+    d.str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Converts a Python value to a tensor (on the CPU, or where a `pyop.Tensor` already is).
+///
+/// With `dtype`, a `pyop.Tensor` or NumPy array must have exactly that dtype (a bool array passes
+/// for u8) and numbers are fitted to it exactly; without, the dtype is the value's own, or f32 for
+/// floats, i64 for ints and u8 for bools. `Ok(None)`: the value is nothing tensor-like.
+pub(crate) fn to_tensor(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+) -> std::result::Result<Option<Tensor>, String> {
+    if let Ok(t) = value.cast::<PyTensor>() {
+        let t = t.get().tensor().clone();
+        return match dtype {
+            Some(d) if d != t.dtype() => Err(format!(
+                "expected dtype {}, got a pyop.Tensor of dtype {}",
+                d.as_str(),
+                t.dtype().as_str()
+            )),
+            _ => Ok(Some(t)),
+        };
+    }
+    // Exact Python numbers first (the common case); NumPy scalars before other numbers, since
+    // np.float64 is a subclass of float yet must match the declared dtype exactly.
+    let exact_number = value.is_exact_instance_of::<PyFloat>()
+        || value.is_exact_instance_of::<PyInt>()
+        || value.is_exact_instance_of::<PyBool>();
+    if !exact_number {
+        if let Some(array) =
+            as_numpy_array(py, value).map_err(|e| crate::python::errors::describe(py, &e))?
+        {
+            return array_to_tensor(py, dtype, &array).map(Some);
+        }
+    }
+    let is_number =
+        exact_number || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
+    if is_number || value.is_instance_of::<PyList>() {
+        let mut leaves = Vec::new();
+        let mut dims = Vec::new();
+        collect_nested(value, 0, &mut dims, &mut leaves)?;
+        let dtype = dtype.unwrap_or_else(|| infer_dtype(&leaves));
+        let mut buf = Buffer::new(dtype);
+        for s in leaves {
+            buf.push(s)?;
+        }
+        return buf.into_tensor(&dims).map(Some).map_err(|e| e.to_string());
+    }
+    Ok(None)
+}
+
+pub(crate) fn infer_dtype(leaves: &[Scalar]) -> DType {
+    if leaves.iter().any(|s| matches!(s, Scalar::Float(_))) {
+        DType::F32
+    } else if leaves
+        .iter()
+        .any(|s| matches!(s, Scalar::Int(_) | Scalar::UInt(_)))
+    {
+        DType::I64
+    } else if leaves.is_empty() {
+        DType::F32
+    } else {
+        DType::U8
+    }
+}
+
+/// The value as a NumPy array if it is one or a NumPy scalar. NumPy is looked up in
+/// `sys.modules` only, so tensor mode never imports it.
+pub(crate) fn as_numpy_array<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
+    let Some(np) = crate::python::numpy::numpy_if_loaded(py)? else {
+        return Ok(None);
+    };
+    if let Ok(a) = value.cast::<PyUntypedArray>() {
+        return Ok(Some(a.clone()));
+    }
+    if value.is_instance(np.generic.bind(py))? {
+        let a = np.asarray.bind(py).call1((value,))?;
+        return Ok(Some(a.cast_into::<PyUntypedArray>()?));
+    }
+    Ok(None)
+}
+
+pub(crate) fn array_to_tensor(
+    py: Python<'_>,
+    dtype: Option<DType>,
+    array: &Bound<'_, PyUntypedArray>,
+) -> std::result::Result<Tensor, String> {
+    let descr = array.dtype();
+    let dtype = match (candle_dtype(&descr), dtype) {
+        (Some(have), Some(want)) if have == want => want,
+        (Some(_), None) => candle_dtype(&descr).expect("some"),
+        (have, want) => {
+            let extra = if descr.has_object() {
+                " (object arrays are not tensors)"
+            } else if descr.has_fields() {
+                " (structured arrays are not tensors)"
+            } else if have.is_none() {
+                " (candle has no such dtype)"
+            } else {
+                ""
+            };
+            let want = want.map_or("a dtype candle has".to_owned(), |w| {
+                format!("dtype {}", w.as_str())
+            });
+            return Err(format!(
+                "expected {want}, got a NumPy array of dtype {}{extra}",
+                dtype_name(&descr)
+            ));
+        }
+    };
+    let dims = array.shape().to_vec();
+    // A tensor's own view (an input's, or one a Rust function returned), handed back unchanged:
+    // share that tensor's storage, as Tensor::clone does.
+    if let Some(t) = own_view(array) {
+        return Ok(t);
+    }
+    // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
+    // (Fortran-ordered, strided) array is made contiguous by NumPy first.
+    let contiguous = if array.is_c_contiguous() {
+        array.clone()
+    } else {
+        py.import("numpy")
+            .and_then(|np| np.call_method1("ascontiguousarray", (array,)))
+            .and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?))
+            .map_err(|e| crate::python::errors::describe(py, &e))?
+    };
+    let n: usize = dims.iter().product();
+    // The array is C-contiguous, of `n` elements of the dtype checked above, and `contiguous`
+    // keeps it alive while we copy. It may be unaligned (np.frombuffer at an odd offset), so it
+    // is copied as bytes, never read through a typed slice.
+    let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
+    let shape = Shape::from(dims);
+    let copy = move || -> candle_core::Result<Tensor> {
+        with_numpy_element!(dtype, T => {
+            // SAFETY: `n` elements of `T` (plain numbers) are readable as bytes at `data`.
+            let v = unsafe { crate::alloc::copied_from_bytes::<T>(data as *const u8, n) };
+            Tensor::from_vec(v, shape, &Device::Cpu)
+        }, _ => unreachable!("candle_dtype gives only NumPy dtypes"))
+    };
+    // Large copies run without the GIL, so other threads' Python goes on meanwhile.
+    let t = if n * dtype.size_in_bytes() >= 1 << 20 {
+        py.detach(copy)
+    } else {
+        copy()
+    };
+    t.map_err(|e| e.to_string())
+}
+
+/// Walks a (nested) list of numbers, checking it is rectangular.
+pub(crate) fn collect_nested(
+    v: &Bound<'_, PyAny>,
+    depth: usize,
+    dims: &mut Vec<usize>,
+    leaves: &mut Vec<Scalar>,
+) -> std::result::Result<(), String> {
+    if let Ok(list) = v.cast::<PyList>() {
+        let n = list.len();
+        if depth == dims.len() {
+            if !leaves.is_empty() {
+                return Err("ragged nested list (not rectangular)".into());
+            }
+            dims.push(n);
+        } else if dims[depth] != n {
+            return Err(format!(
+                "ragged nested list: a list of {n} items where {} were expected",
+                dims[depth]
+            ));
+        }
+        for item in list.iter() {
+            collect_nested(&item, depth + 1, dims, leaves)?;
+        }
+        return Ok(());
+    }
+    if depth != dims.len() {
+        return Err("ragged nested list: a number where a list was expected".into());
+    }
+    leaves.push(scalar(v)?);
+    Ok(())
+}
+
+/// A Python bool, int or float as a [`Scalar`].
+pub(crate) fn scalar(v: &Bound<'_, PyAny>) -> std::result::Result<Scalar, String> {
+    if v.is_instance_of::<PyBool>() {
+        Ok(Scalar::Bool(
+            v.extract::<bool>().map_err(|e| e.to_string())?,
+        ))
+    } else if v.is_instance_of::<PyInt>() {
+        match v.extract::<i64>() {
+            Ok(i) => Ok(Scalar::Int(i)),
+            Err(_) => match v.extract::<u64>() {
+                Ok(u) => Ok(Scalar::UInt(u)),
+                Err(_) => Err(format!("the int {v} does not fit any tensor dtype")),
+            },
+        }
+    } else if v.is_instance_of::<PyFloat>() {
+        Ok(Scalar::Float(
+            v.extract::<f64>().map_err(|e| e.to_string())?,
+        ))
+    } else if v.is_instance_of::<PyDict>() {
+        Err("expected numbers, got a dict".into())
+    } else {
+        Err(format!("expected numbers, got {}", describe_value(v)))
+    }
+}
+
+/// A Python number, before it is fitted to a dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scalar {
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+}
+
+/// Typed storage filled from Python numbers, refusing any value that does not fit exactly
+/// (floats may round to a narrower float; nothing truncates or wraps).
+pub(crate) enum Buffer {
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I16(Vec<i16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    BF16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Unsupported(DType),
+}
+
+impl Buffer {
+    pub(crate) fn new(dtype: DType) -> Self {
+        match dtype {
+            DType::U8 => Buffer::U8(Vec::new()),
+            DType::U32 => Buffer::U32(Vec::new()),
+            DType::I16 => Buffer::I16(Vec::new()),
+            DType::I32 => Buffer::I32(Vec::new()),
+            DType::I64 => Buffer::I64(Vec::new()),
+            DType::BF16 => Buffer::BF16(Vec::new()),
+            DType::F16 => Buffer::F16(Vec::new()),
+            DType::F32 => Buffer::F32(Vec::new()),
+            DType::F64 => Buffer::F64(Vec::new()),
+            d => Buffer::Unsupported(d),
+        }
+    }
+
+    pub(crate) fn push(&mut self, s: Scalar) -> std::result::Result<(), String> {
+        fn int<T: TryFrom<i64> + TryFrom<u64> + TryFrom<i128>>(
+            s: Scalar,
+            name: &str,
+        ) -> std::result::Result<T, String> {
+            let bad = || format!("{} does not fit dtype {name} exactly", show(s));
+            match s {
+                Scalar::Bool(b) => T::try_from(b as i64).map_err(|_| bad()),
+                Scalar::Int(i) => T::try_from(i).map_err(|_| bad()),
+                Scalar::UInt(u) => T::try_from(u).map_err(|_| bad()),
+                Scalar::Float(f) => {
+                    // Integral and well inside i128, so `as` is exact; the target type's range
+                    // is then checked exactly (no saturation at i64::MIN or u64::MAX).
+                    if f.fract() == 0.0 && f.is_finite() && f.abs() < 1e30 {
+                        T::try_from(f as i128).map_err(|_| bad())
+                    } else {
+                        Err(bad())
+                    }
+                }
+            }
+        }
+        fn float(s: Scalar, mantissa: u32, name: &str) -> std::result::Result<f64, String> {
+            // Python floats may round to a narrower float (as NumPy does); integers must be exact.
+            let limit = 1u64 << mantissa;
+            match s {
+                Scalar::Bool(b) => Ok(b as u8 as f64),
+                Scalar::Float(f) => Ok(f),
+                Scalar::Int(i) if i.unsigned_abs() <= limit => Ok(i as f64),
+                Scalar::UInt(u) if u <= limit => Ok(u as f64),
+                _ => Err(format!("{} does not fit dtype {name} exactly", show(s))),
+            }
+        }
+        match self {
+            Buffer::U8(v) => v.push(int(s, "u8")?),
+            Buffer::U32(v) => v.push(int(s, "u32")?),
+            Buffer::I16(v) => v.push(int(s, "i16")?),
+            Buffer::I32(v) => v.push(int(s, "i32")?),
+            Buffer::I64(v) => v.push(int(s, "i64")?),
+            Buffer::BF16(v) => v.push(half::bf16::from_f64(float(s, 8, "bf16")?)),
+            Buffer::F16(v) => v.push(half::f16::from_f64(float(s, 11, "f16")?)),
+            Buffer::F32(v) => v.push(float(s, 24, "f32")? as f32),
+            Buffer::F64(v) => v.push(float(s, 53, "f64")?),
+            Buffer::Unsupported(d) => {
+                return Err(format!(
+                    "Python numbers cannot make a tensor of dtype {}",
+                    d.as_str()
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn into_tensor(self, dims: &[usize]) -> candle_core::Result<Tensor> {
+        let cpu = &Device::Cpu;
+        match self {
+            Buffer::U8(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::U32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::I64(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::BF16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F16(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F32(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::F64(v) => Tensor::from_vec(v, dims, cpu),
+            Buffer::Unsupported(d) => Err(candle_core::Error::Msg(format!(
+                "Python numbers cannot make a tensor of dtype {}",
+                d.as_str()
+            ))),
+        }
+    }
+}
+
+pub(crate) fn show(s: Scalar) -> String {
+    match s {
+        Scalar::Bool(b) => if b { "True" } else { "False" }.to_owned(),
+        Scalar::Int(i) => format!("the int {i}"),
+        Scalar::UInt(u) => format!("the int {u}"),
+        Scalar::Float(f) => format!("the float {f:?}"),
+    }
+}

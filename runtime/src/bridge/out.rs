@@ -1,0 +1,108 @@
+//! The `out` protocol: fresh candle tensors handed to a numpy-mode body as writable arrays, kept
+//! only if Python holds no reference to them once the body returns.
+
+use candle_core::{DType, Device, Tensor};
+use numpy::npyffi::{self};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::bridge::tensor::PyTensor;
+use crate::error::{Result, NO_OP};
+use crate::spec::{with_numpy_element, OutSpec};
+
+use super::numbers::describe_value;
+use super::outputs::OutputCheck;
+use super::prepare::{cpu_data_ptr, Prepared};
+use super::view::numpy_array;
+
+/// Fresh candle tensors handed to a body as writable NumPy arrays through its `out` keyword, so a
+/// numpy-mode body writes its outputs straight into candle memory (`np.add(x, 1, out=out)`).
+pub(crate) struct OutBuffers<'py> {
+    tensors: Vec<Tensor>,
+    bases: Vec<Bound<'py, PyTensor>>,
+    /// What the body gets as `out`: one array, or a tuple of them for several outputs.
+    pub arg: Bound<'py, PyAny>,
+}
+
+/// Allocates the outputs of `tout` with the shapes `shapes` (on the CPU) and their views.
+pub(crate) fn out_buffers<'py>(
+    py: Python<'py>,
+    tout: &[OutSpec],
+    shapes: Vec<Vec<usize>>,
+) -> Result<OutBuffers<'py>> {
+    let mut tensors = Vec::with_capacity(tout.len());
+    let mut bases = Vec::with_capacity(tout.len());
+    let mut views = Vec::with_capacity(tout.len());
+    for (spec, dims) in tout.iter().zip(shapes) {
+        let t = zeroed_tensor(spec.dtype, dims)?;
+        let data = cpu_data_ptr(&t);
+        let prepared = Prepared {
+            tensor: t.clone(),
+            data,
+        };
+        let view = numpy_array(py, &prepared, true)
+            .map_err(|e| crate::python::errors::python_error(py, NO_OP, e))?;
+        // SAFETY: the view was made just above with a `PyTensor` base.
+        let base = unsafe {
+            let base = (*view.as_ptr().cast::<npyffi::PyArrayObject>()).fields.base;
+            Bound::from_borrowed_ptr(py, base).cast_into_unchecked::<PyTensor>()
+        };
+        tensors.push(t);
+        bases.push(base);
+        views.push(view);
+    }
+    let arg = match views.len() {
+        1 => views.pop().expect("one"),
+        _ => PyTuple::new(py, views)
+            .map_err(|e| crate::python::errors::python_error(py, NO_OP, e))?
+            .into_any(),
+    };
+    Ok(OutBuffers {
+        tensors,
+        bases,
+        arg,
+    })
+}
+
+impl OutBuffers<'_> {
+    /// The outputs, once the body has returned `None` or `out` itself. A tensor whose memory a
+    /// Python object still references (the body kept `out` or a view of it) is copied, so Python
+    /// can never write to memory candle holds.
+    pub(crate) fn finish(
+        self,
+        check: &OutputCheck<'_>,
+        returned: Bound<'_, PyAny>,
+    ) -> Result<Vec<Tensor>> {
+        if !(returned.is_none() || returned.is(&self.arg)) {
+            return Err(check.error(
+                None,
+                format!(
+                    "a body given `out` writes its outputs into it and returns None (or `out`), got {}",
+                    describe_value(&returned)
+                ),
+            ));
+        }
+        drop(returned);
+        drop(self.arg);
+        self.tensors
+            .into_iter()
+            .zip(self.bases)
+            .map(|(t, base)| {
+                // SAFETY: reading the reference count of a live object.
+                let shared = unsafe { pyo3::ffi::Py_REFCNT(base.as_ptr()) } > 1;
+                drop(base);
+                Ok(if shared { t.copy()? } else { t }.to_device(check.device)?)
+            })
+            .collect()
+    }
+}
+
+/// A zeroed CPU tensor in a buffer from `alloc::zeroed` (huge pages for large ones).
+fn zeroed_tensor(dtype: DType, dims: Vec<usize>) -> candle_core::Result<Tensor> {
+    let n = dims.iter().product();
+    with_numpy_element!(
+        dtype,
+        T => Tensor::from_vec(crate::alloc::zeroed::<T>(n), dims, &Device::Cpu),
+        d => Tensor::zeros(dims, d, &Device::Cpu)
+    )
+}

@@ -1,0 +1,151 @@
+//! The one output check: a body's (or gradient's) return value against `tout`, by one rule table
+//! for every mode, turned into tensors on the op's device.
+
+use candle_core::{Device, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::arg::Arg;
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::OutSpec;
+
+use super::numbers::{describe_value, to_tensor};
+
+/// What [`outputs_from_python`] checks against: the op's name and `tout`, and where outputs go.
+pub(crate) struct OutputCheck<'a> {
+    pub op: &'a str,
+    pub tout: &'a [OutSpec],
+    pub device: &'a Device,
+    /// "output" for a body's results, "gradient" for a gradient function's.
+    pub what: &'a str,
+    /// The call's arguments, for outputs declared with the shape of one (`f32[x]`).
+    pub args: &'a [Arg<'a>],
+}
+
+/// The shape `spec` demands, when it is fully known before the call: declared without `_`, or
+/// that of an argument (`f32[x]`).
+pub(crate) fn known_shape(spec: &OutSpec, args: &[Arg<'_>]) -> Option<Vec<usize>> {
+    if let Some(i) = spec.like {
+        return match args.get(i) {
+            Some(Arg::Tensor(t)) => Some(t.dims().to_vec()),
+            _ => None,
+        };
+    }
+    spec.shape.as_ref()?.iter().copied().collect()
+}
+
+impl OutputCheck<'_> {
+    pub(crate) fn error(&self, index: Option<usize>, msg: String) -> Error {
+        let kind = if self.what == "gradient" {
+            ErrorKind::GradientMismatch
+        } else {
+            ErrorKind::OutputMismatch
+        };
+        Error::mismatch(self.op, kind, index, msg)
+    }
+}
+
+/// Applies the rule table to a body's return value: one output takes a value or a 1-tuple; M ≥ 2
+/// outputs take a tuple or list of exactly M values; `()` takes `None`.
+pub(crate) fn outputs_from_python(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    result: &Bound<'_, PyAny>,
+) -> Result<Vec<Tensor>> {
+    let m = check.tout.len();
+    if m == 0 {
+        if result.is_none() {
+            return Ok(Vec::new());
+        }
+        return Err(check.error(
+            None,
+            format!(
+                "`tout = ()` expects the body to return None, got {}",
+                describe_value(result)
+            ),
+        ));
+    }
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = result.cast::<PyTuple>() {
+        if m == 1 && t.len() != 1 {
+            return Err(check.error(
+                None,
+                format!(
+                    "expected 1 {}, got a tuple of {} values",
+                    check.what,
+                    t.len()
+                ),
+            ));
+        }
+        t.iter().collect()
+    } else if m >= 2 {
+        match result.cast::<PyList>() {
+            Ok(l) => l.iter().collect(),
+            Err(_) => {
+                return Err(check.error(
+                    None,
+                    format!(
+                        "expected a tuple of {m} {}s, got {}",
+                        check.what,
+                        describe_value(result)
+                    ),
+                ))
+            }
+        }
+    } else {
+        vec![result.clone()]
+    };
+    if items.len() != m {
+        return Err(check.error(
+            None,
+            format!("expected {m} {}s, got {}", check.what, items.len()),
+        ));
+    }
+    items
+        .iter()
+        .zip(check.tout)
+        .enumerate()
+        .map(|(i, (value, spec))| value_to_tensor(py, check, i, spec, value))
+        .collect()
+}
+
+/// Converts one returned value to a tensor of `spec`'s dtype and shape on the op's device.
+pub(crate) fn value_to_tensor(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    index: usize,
+    spec: &OutSpec,
+    value: &Bound<'_, PyAny>,
+) -> Result<Tensor> {
+    let what = check.what;
+    let tensor = match to_tensor(py, value, Some(spec.dtype)) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(check.error(
+                Some(index),
+                format!(
+                    "{what} {index}: expected {spec} (a pyop.Tensor, NumPy array, number or list), got {}",
+                    describe_value(value)
+                ),
+            ))
+        }
+        Err(msg) => return Err(check.error(Some(index), format!("{what} {index}: {msg}"))),
+    };
+    let shape_ok = match spec.like {
+        Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),
+        None => spec.shape_matches(tensor.dims()),
+    };
+    if !shape_ok {
+        let want = match (spec.like, known_shape(spec, check.args)) {
+            (Some(i), Some(dims)) => format!("{dims:?} (the shape of argument {i})"),
+            _ => spec.to_string(),
+        };
+        return Err(check.error(
+            Some(index),
+            format!(
+                "{what} {index}: expected shape {want}, got shape {:?}",
+                tensor.dims()
+            ),
+        ));
+    }
+    Ok(tensor.to_device(check.device)?)
+}

@@ -1,0 +1,115 @@
+//! Tensors made ready for Python, outside the GIL: on the CPU for numpy mode, snapshotted when a
+//! concurrent `Var::set` could change them, with the address NumPy views start at.
+
+use candle_core::{CpuStorage, Device, Storage, Tensor};
+
+use crate::arg::Arg;
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::{numpy_can_hold, Mode};
+
+/// A tensor made ready for Python outside the GIL: on the CPU (numpy mode), snapshotted if it is
+/// a `Var` (so a concurrent `Var::set` is seen entirely or not at all), with its data pointer.
+pub(crate) struct Prepared {
+    pub tensor: Tensor,
+    /// Address of the first element, for NumPy views (numpy mode only).
+    pub data: usize,
+}
+
+/// Prepares every tensor of `args`, in order. Runs without the GIL: it may copy and lock.
+pub(crate) fn prepare_inputs(op: &str, mode: Mode, args: &[Arg<'_>]) -> Result<Vec<Prepared>> {
+    let mut out = Vec::new();
+    let mut err = None;
+    let mut index = 0;
+    for arg in args {
+        arg.for_each_tensor(|t| {
+            if err.is_none() {
+                match prepare(op, mode, t, index) {
+                    Ok(p) => out.push(p),
+                    Err(e) => err = Some(e),
+                }
+            }
+            index += 1;
+        });
+    }
+    err.map_or(Ok(out), Err)
+}
+
+fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
+    // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
+    // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
+    // is differentiable, so gradients still reach the Var. NumPy reads without any lock, so in
+    // numpy mode every tracked input is snapshotted too: it may be a view of a Var (`narrow`,
+    // `t()`, `reshape`), which shares the Var's storage. On another device, the move to the host
+    // below is the snapshot.
+    let on_cpu = t.device().is_cpu();
+    let snapshot = t.is_variable() || (mode == Mode::Numpy && t.track_op());
+    let t = if snapshot && (on_cpu || mode == Mode::Tensor) {
+        t.copy()?
+    } else {
+        t.clone()
+    };
+    match mode {
+        Mode::Tensor => Ok(Prepared { tensor: t, data: 0 }),
+        Mode::Numpy => {
+            if !numpy_can_hold(t.dtype()) {
+                return Err(Error::mismatch(
+                    op,
+                    ErrorKind::InvalidArgument,
+                    Some(index),
+                    format!(
+                        "input {index} is {}, which NumPy cannot hold; convert it with `to_dtype` \
+                         or use tensor mode",
+                        t.dtype().as_str()
+                    ),
+                ));
+            }
+            let t = if t.device().is_cpu() {
+                t
+            } else {
+                t.to_device(&Device::Cpu)?
+            };
+            let data = cpu_data_ptr(&t);
+            Ok(Prepared { tensor: t, data })
+        }
+    }
+}
+
+/// The address of a CPU tensor's first element (0 for a dtype NumPy cannot hold, which `prepare`
+/// rejects before asking).
+pub(crate) fn cpu_data_ptr(t: &Tensor) -> usize {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        unreachable!("a CPU tensor")
+    };
+    element_ptr(cpu, layout.start_offset())
+}
+
+fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
+    macro_rules! at {
+        ($v:expr) => {
+            $v.as_ptr().wrapping_add(offset) as usize
+        };
+    }
+    match cpu {
+        CpuStorage::U8(v) => at!(v),
+        CpuStorage::U32(v) => at!(v),
+        CpuStorage::I16(v) => at!(v),
+        CpuStorage::I32(v) => at!(v),
+        CpuStorage::I64(v) => at!(v),
+        CpuStorage::F16(v) => at!(v),
+        CpuStorage::F32(v) => at!(v),
+        CpuStorage::F64(v) => at!(v),
+        // `prepare` rejects the dtypes NumPy cannot hold before asking.
+        _ => 0,
+    }
+}
+
+impl Prepared {
+    /// The same input, cut from the autograd graph (its storage is shared).
+    pub(crate) fn detached(self) -> Self {
+        Prepared {
+            tensor: self.tensor.detach(),
+            data: self.data,
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The module functions of `pyop`: tensors made on the running op's device, `cat`, `stack`,
+//! `where`.
+
+use candle_core::{DType, Tensor};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use super::device::current_device;
+use super::helpers::*;
+use super::PyTensor;
+
+/// `pyop.tensor(obj, dtype=None)`: a tensor from a number, a (nested) list, a NumPy array or a
+/// tensor, on the running op's device.
+#[pyfunction]
+#[pyo3(signature = (obj, dtype=None))]
+pub(super) fn tensor(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let dtype = dtype
+        .filter(|d| !d.is_none())
+        .map(parse_dtype)
+        .transpose()?;
+    if let Ok(t) = obj.cast::<PyTensor>() {
+        let t = t.get().tensor.clone();
+        let t = match dtype {
+            Some(d) => t.to_dtype(d).map_err(value_error)?,
+            None => t,
+        };
+        return Ok(wrap(t));
+    }
+    // NumPy arrays keep their own dtype, then convert (a requested dtype is a conversion here, not
+    // a check as for outputs).
+    let t = match crate::bridge::numbers::to_tensor(py, obj, None) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(PyTypeError::new_err(format!(
+                "cannot make a tensor from {}",
+                crate::bridge::numbers::describe_value(obj)
+            )))
+        }
+        Err(msg) => return Err(PyValueError::new_err(msg)),
+    };
+    let t = match dtype {
+        Some(d) if d != t.dtype() => {
+            if obj.cast::<numpy::PyUntypedArray>().is_ok() {
+                t.to_dtype(d).map_err(value_error)?
+            } else {
+                match crate::bridge::numbers::to_tensor(py, obj, Some(d)) {
+                    Ok(Some(t)) => t,
+                    Ok(None) => unreachable!("converted above"),
+                    Err(msg) => return Err(PyValueError::new_err(msg)),
+                }
+            }
+        }
+        _ => t,
+    };
+    Ok(wrap(t.to_device(&current_device()).map_err(value_error)?))
+}
+
+/// `pyop.zeros(shape, dtype="f32")` on the running op's device.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None))]
+pub(super) fn zeros(
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    Tensor::zeros(
+        shape_of(shape)?,
+        dtype_or(dtype, DType::F32)?,
+        &current_device(),
+    )
+    .map(wrap)
+    .map_err(value_error)
+}
+
+/// `pyop.ones(shape, dtype="f32")` on the running op's device.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None))]
+pub(super) fn ones(
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    Tensor::ones(
+        shape_of(shape)?,
+        dtype_or(dtype, DType::F32)?,
+        &current_device(),
+    )
+    .map(wrap)
+    .map_err(value_error)
+}
+
+/// `pyop.full(shape, value, dtype=None)`: dtype from the value (f32, i64 or u8) unless given.
+#[pyfunction]
+#[pyo3(signature = (shape, value, dtype=None))]
+pub(super) fn full(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let one = tensor(py, value, dtype)?;
+    let shape = shape_of(shape)?;
+    one.tensor
+        .reshape(())
+        .and_then(|t| t.broadcast_as(shape))
+        .and_then(|t| t.contiguous())
+        .map(wrap)
+        .map_err(value_error)
+}
+
+/// `pyop.zeros_like(x, dtype=None)`.
+#[pyfunction]
+#[pyo3(signature = (x, dtype=None))]
+pub(super) fn zeros_like(
+    x: &Bound<'_, PyTensor>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let t = &x.get().tensor;
+    Tensor::zeros(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+        .map(wrap)
+        .map_err(value_error)
+}
+
+/// `pyop.ones_like(x, dtype=None)`.
+#[pyfunction]
+#[pyo3(signature = (x, dtype=None))]
+pub(super) fn ones_like(
+    x: &Bound<'_, PyTensor>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let t = &x.get().tensor;
+    Tensor::ones(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+        .map(wrap)
+        .map_err(value_error)
+}
+
+/// `pyop.arange(start, end, step=1, dtype=None)` (or `arange(end)`).
+#[pyfunction]
+#[pyo3(signature = (start, end=None, step=None, dtype=None))]
+pub(super) fn arange(
+    start: f64,
+    end: Option<f64>,
+    step: Option<f64>,
+    dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTensor> {
+    let (lo, hi) = match end {
+        Some(e) => (start, e),
+        None => (0.0, start),
+    };
+    let step = step.unwrap_or(1.0);
+    let d = dtype_or(
+        dtype,
+        if [lo, hi, step].iter().all(|v| v.fract() == 0.0) {
+            DType::I64
+        } else {
+            DType::F32
+        },
+    )?;
+    Tensor::arange_step(lo, hi, step, &current_device())
+        .and_then(|t| t.to_dtype(d))
+        .map(wrap)
+        .map_err(value_error)
+}
+
+/// `pyop.cat(tensors, dim=0)`.
+#[pyfunction]
+#[pyo3(signature = (tensors, dim=0))]
+pub(super) fn cat(py: Python<'_>, tensors: &Bound<'_, PyAny>, dim: isize) -> PyResult<PyTensor> {
+    let ts = tensors_of(tensors)?;
+    let rank = ts.first().map_or(1, |t| t.rank());
+    let d = self::dim(dim, rank)?;
+    let n = ts.iter().map(|t| t.elem_count()).sum();
+    compute(py, n, || Tensor::cat(&ts, d)).map(wrap)
+}
+
+/// `pyop.stack(tensors, dim=0)`.
+#[pyfunction]
+#[pyo3(signature = (tensors, dim=0))]
+pub(super) fn stack(py: Python<'_>, tensors: &Bound<'_, PyAny>, dim: isize) -> PyResult<PyTensor> {
+    let ts = tensors_of(tensors)?;
+    let rank = ts.first().map_or(0, |t| t.rank());
+    let d = self::dim(dim, rank + 1)?;
+    let n = ts.iter().map(|t| t.elem_count()).sum();
+    compute(py, n, || Tensor::stack(&ts, d)).map(wrap)
+}
+
+/// `pyop.where(cond, x, y)`: `x` where `cond` is nonzero, else `y`, broadcasting all three;
+/// `x` or `y` may be a number.
+#[pyfunction(name = "where")]
+pub(super) fn where_(
+    py: Python<'_>,
+    cond: &Bound<'_, PyTensor>,
+    x: &Bound<'_, PyAny>,
+    y: &Bound<'_, PyAny>,
+) -> PyResult<PyTensor> {
+    let c = cond.get().tensor.clone();
+    let (x, y) = match (x.cast::<PyTensor>(), y.cast::<PyTensor>()) {
+        (Ok(a), _) => {
+            let a = a.get();
+            let b = a
+                .operand(py, y)?
+                .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
+            (a.tensor.clone(), b)
+        }
+        (_, Ok(b)) => {
+            let b = b.get();
+            let a = b
+                .operand(py, x)?
+                .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
+            (a, b.tensor.clone())
+        }
+        _ => {
+            return Err(PyTypeError::new_err(
+                "where() needs at least one of x and y to be a tensor",
+            ))
+        }
+    };
+    let n = c.elem_count().max(x.elem_count()).max(y.elem_count());
+    compute(py, n, || {
+        let s = c.shape().broadcast_shape_binary_op(x.shape(), "where")?;
+        let s = s.broadcast_shape_binary_op(y.shape(), "where")?;
+        c.broadcast_as(s.clone())?
+            .where_cond(&x.broadcast_as(s.clone())?, &y.broadcast_as(s)?)
+    })
+    .map(wrap)
+}

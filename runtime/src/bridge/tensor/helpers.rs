@@ -1,0 +1,393 @@
+//! What the methods and the module functions share: running candle work (with the GIL released
+//! for large tensors), parsing dtypes, dims and shapes, and a few kernels candle lacks.
+
+use candle_core::{DType, Device, DeviceLocation, Shape, Tensor, D};
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyImportError, PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::error::candle_message;
+use crate::spec::with_numpy_element;
+
+use super::PyTensor;
+
+/// Tensors at least this large are computed with the GIL released.
+pub(super) const RELEASE_GIL_AT: usize = 1 << 15;
+
+pub(super) type CResult<T> = candle_core::Result<T>;
+
+pub(super) fn value_error(e: candle_core::Error) -> PyErr {
+    PyValueError::new_err(candle_message(&e))
+}
+
+/// Runs candle work, with the GIL released when the tensor is large.
+pub(super) fn compute<T: Send>(
+    py: Python<'_>,
+    elems: usize,
+    f: impl FnOnce() -> CResult<T> + Send,
+) -> PyResult<T> {
+    if elems >= RELEASE_GIL_AT {
+        py.detach(f).map_err(value_error)
+    } else {
+        f().map_err(value_error)
+    }
+}
+
+pub(super) fn wrap(t: Tensor) -> PyTensor {
+    PyTensor::new(t)
+}
+
+/// A dtype named as candle names it (`"f32"`) or as NumPy does (`"float32"`).
+pub(super) fn parse_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let name: String = match v.extract::<String>() {
+        Ok(s) => s,
+        Err(_) => v.str()?.to_string(),
+    };
+    let canonical = match name.as_str() {
+        "float16" | "half" => "f16",
+        "float32" | "float" => "f32",
+        "float64" | "double" => "f64",
+        "bfloat16" => "bf16",
+        "int16" => "i16",
+        "int32" => "i32",
+        "int64" | "int" => "i64",
+        "uint8" | "bool" => "u8",
+        "uint32" => "u32",
+        other => other,
+    };
+    canonical.parse::<DType>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "unknown dtype '{name}'; expected one of u8, u32, i16, i32, i64, bf16, f16, f32, f64"
+        ))
+    })
+}
+
+pub(super) fn device_name(d: &Device) -> String {
+    match d.location() {
+        DeviceLocation::Cpu => "cpu".to_owned(),
+        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// A dimension index, negative counting from the end, for a tensor of `rank` dims.
+pub(super) fn dim(d: isize, rank: usize) -> PyResult<usize> {
+    let r = rank as isize;
+    let n = if d < 0 { d + r } else { d };
+    if n < 0 || n >= r.max(1) && !(rank == 0 && n == 0) {
+        return Err(PyIndexError::new_err(format!(
+            "dimension {d} is out of range for a tensor of {rank} dimensions"
+        )));
+    }
+    Ok(n as usize)
+}
+
+/// `dim=None`, an int, or a tuple/list of ints.
+pub(super) fn dims_arg(v: Option<&Bound<'_, PyAny>>, rank: usize) -> PyResult<Option<Vec<usize>>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let raw: Vec<isize> = if let Ok(i) = v.extract::<isize>() {
+        vec![i]
+    } else {
+        v.extract()?
+    };
+    let mut ds = raw
+        .into_iter()
+        .map(|d| dim(d, rank))
+        .collect::<PyResult<Vec<_>>>()?;
+    ds.sort_unstable();
+    ds.dedup();
+    Ok(Some(ds))
+}
+
+/// A shape given as varargs `reshape(2, 3)` or one sequence `reshape((2, 3))`; `-1` is inferred
+/// from `elems` when given.
+pub(super) fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyResult<Vec<usize>> {
+    let raw: Vec<isize> = if args.len() == 1 && args.get_item(0)?.extract::<isize>().is_err() {
+        args.get_item(0)?.extract()?
+    } else {
+        args.extract()?
+    };
+    let known: usize = raw
+        .iter()
+        .filter(|&&d| d >= 0)
+        .map(|&d| d as usize)
+        .product();
+    let inferred = raw.iter().filter(|&&d| d == -1).count();
+    if inferred > 1 || raw.iter().any(|&d| d < -1) {
+        return Err(PyValueError::new_err(format!("invalid shape {raw:?}")));
+    }
+    raw.iter()
+        .map(|&d| match (d, elems) {
+            (-1, Some(n)) if known > 0 && n % known == 0 => Ok(n / known),
+            (-1, _) => Err(PyValueError::new_err(format!(
+                "cannot infer -1 in shape {raw:?}"
+            ))),
+            (d, _) => Ok(d as usize),
+        })
+        .collect()
+}
+
+impl PyTensor {
+    pub(super) fn n(&self) -> usize {
+        self.tensor.elem_count()
+    }
+
+    /// Runs a unary candle op.
+    pub(super) fn unary(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<PyTensor> {
+        let t = &self.tensor;
+        compute(py, self.n(), || f(t)).map(wrap)
+    }
+
+    /// Runs a float-only candle op (candle's unary kernels have no integer versions).
+    pub(super) fn math(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<PyTensor> {
+        if !self.tensor.dtype().is_float() {
+            return Err(PyTypeError::new_err(format!(
+                "{name}() needs a float tensor, got {}; convert with .to_dtype(\"f32\") first",
+                self.tensor.dtype().as_str()
+            )));
+        }
+        self.unary(py, f)
+    }
+
+    /// The other operand of a binary op, as a tensor of this tensor's dtype on its device.
+    pub(super) fn operand(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Tensor>> {
+        if let Ok(o) = other.cast::<PyTensor>() {
+            let o = &o.get().tensor;
+            if !o.device().same_device(self.tensor.device()) {
+                return Err(PyValueError::new_err(format!(
+                    "tensors on different devices: {} and {}",
+                    device_name(self.tensor.device()),
+                    device_name(o.device())
+                )));
+            }
+            return Ok(Some(o.clone()));
+        }
+        match crate::bridge::numbers::to_tensor(py, other, Some(self.tensor.dtype())) {
+            Ok(Some(t)) => Ok(Some(
+                t.to_device(self.tensor.device()).map_err(value_error)?,
+            )),
+            Ok(None) => Ok(None),
+            Err(msg) => Err(PyValueError::new_err(msg)),
+        }
+    }
+
+    pub(super) fn binary(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        reflected: bool,
+        f: impl FnOnce(&Tensor, &Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<Option<PyTensor>> {
+        let Some(o) = self.operand(py, other)? else {
+            return Ok(None);
+        };
+        let (a, b) = if reflected {
+            (&o, &self.tensor)
+        } else {
+            (&self.tensor, &o)
+        };
+        let n = self.n().max(o.elem_count());
+        compute(py, n, || f(a, b)).map(|t| Some(wrap(t)))
+    }
+
+    pub(super) fn reduce(
+        &self,
+        py: Python<'_>,
+        dim: Option<&Bound<'_, PyAny>>,
+        keepdim: bool,
+        f: impl Fn(&Tensor, usize) -> CResult<Tensor> + Send + Sync,
+    ) -> PyResult<PyTensor> {
+        let t = &self.tensor;
+        let rank = t.rank();
+        let dims = dims_arg(dim, rank)?;
+        compute(py, self.n(), || {
+            let Some(dims) = dims else {
+                let r = f(&t.flatten_all()?, 0)?;
+                return if keepdim {
+                    r.reshape(vec![1; rank])
+                } else {
+                    r.reshape(())
+                };
+            };
+            let mut r = t.clone();
+            for &d in dims.iter().rev() {
+                r = f(&r, d)?;
+            }
+            if !keepdim {
+                for &d in dims.iter().rev() {
+                    r = r.squeeze(d)?;
+                }
+            }
+            Ok(r)
+        })
+        .map(wrap)
+    }
+
+    pub(super) fn one_element(&self, what: &str) -> PyResult<Tensor> {
+        if self.n() != 1 {
+            return Err(PyValueError::new_err(format!(
+                "{what} of a tensor with {} elements is ambiguous; reduce it first (e.g. .sum(), .any())",
+                self.n()
+            )));
+        }
+        self.tensor
+            .flatten_all()
+            .and_then(|t| t.get(0))
+            .map_err(value_error)
+    }
+}
+
+/// The value of a one-element tensor as f64 (or i64 for integer dtypes).
+pub(super) fn item<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let t = t.to_device(&Device::Cpu).map_err(value_error)?;
+    Ok(match t.dtype() {
+        DType::U8 | DType::U32 | DType::I16 | DType::I32 | DType::I64 => t
+            .to_dtype(DType::I64)
+            .and_then(|t| t.to_scalar::<i64>())
+            .map_err(value_error)?
+            .into_pyobject(py)?
+            .into_any(),
+        _ => t
+            .to_dtype(DType::F64)
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(value_error)?
+            .into_pyobject(py)?
+            .into_any(),
+    })
+}
+
+pub(super) fn powi(t: &Tensor, e: u64) -> CResult<Tensor> {
+    if e == 0 {
+        return t.ones_like();
+    }
+    let mut result: Option<Tensor> = None;
+    let mut base = t.clone();
+    let mut e = e;
+    while e > 0 {
+        if e & 1 == 1 {
+            result = Some(match result {
+                None => base.clone(),
+                Some(r) => (r * &base)?,
+            });
+        }
+        e >>= 1;
+        if e > 0 {
+            base = (&base * &base)?;
+        }
+    }
+    Ok(result.expect("e > 0"))
+}
+
+pub(super) fn matmul(a: &Tensor, b: &Tensor) -> CResult<Tensor> {
+    let (a1, b1) = (a.rank() == 1, b.rank() == 1);
+    let a = if a1 { a.unsqueeze(0)? } else { a.clone() };
+    let b = if b1 { b.unsqueeze(1)? } else { b.clone() };
+    let mut r = if a.rank() == b.rank() {
+        a.matmul(&b)?
+    } else {
+        a.broadcast_matmul(&b)?
+    };
+    if b1 {
+        r = r.squeeze(D::Minus1)?;
+    }
+    if a1 {
+        r = r.squeeze(if b1 {
+            r.rank().saturating_sub(1)
+        } else {
+            r.rank() - 2
+        })?;
+    }
+    Ok(r)
+}
+
+pub(super) fn sigmoid(t: &Tensor) -> CResult<Tensor> {
+    (t.neg()?.exp()? + 1.0)?.recip()
+}
+
+impl PyTensor {
+    pub(super) fn float_only(&self, op: &str) -> PyResult<()> {
+        if self.tensor.dtype().is_float() {
+            Ok(())
+        } else {
+            Err(PyTypeError::new_err(format!(
+                "`{op}` needs a float tensor, got {}; convert with .to_dtype(\"f32\") first",
+                self.tensor.dtype().as_str()
+            )))
+        }
+    }
+
+    pub(super) fn single_dim(&self, d: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<()> {
+        match dims_arg(d, self.tensor.rank())? {
+            Some(ds) if ds.len() > 1 => Err(PyValueError::new_err(format!(
+                "{what} takes one dim, not {}",
+                ds.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub(super) fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    crate::python::numpy::ensure_numpy(py, crate::error::NO_OP)
+        .map_err(|e| PyImportError::new_err(e.to_string()))?;
+    let dims = t.dims().to_vec();
+    let t = t
+        .to_device(&Device::Cpu)
+        .and_then(|t| t.flatten_all())
+        .map_err(value_error)?;
+    with_numpy_element!(
+        t.dtype(),
+        T => Ok(PyArray1::<T>::from_vec(py, t.to_vec1::<T>().map_err(value_error)?)
+            .reshape(dims)?
+            .into_any()),
+        d => Err(PyValueError::new_err(format!(
+            "NumPy has no dtype {}; convert with .to_dtype(\"f32\") first",
+            d.as_str()
+        )))
+    )
+}
+
+pub(super) fn dtype_or(dtype: Option<&Bound<'_, PyAny>>, default: DType) -> PyResult<DType> {
+    dtype
+        .filter(|d| !d.is_none())
+        .map(parse_dtype)
+        .transpose()
+        .map(|d| d.unwrap_or(default))
+}
+
+pub(super) fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Shape> {
+    if let Ok(n) = shape.extract::<usize>() {
+        return Ok(Shape::from(n));
+    }
+    Ok(Shape::from(shape.extract::<Vec<usize>>()?))
+}
+
+pub(super) fn tensors_of(ts: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for t in ts.try_iter()? {
+        out.push(
+            t?.cast::<PyTensor>()
+                .map_err(|_| PyTypeError::new_err("expected a sequence of pyop.Tensor"))?
+                .get()
+                .tensor
+                .clone(),
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,66 @@
+//! The `pyop` Python module, importable in every body: `pyop.Tensor` wraps a candle tensor (the
+//! same storage, the same device) and runs candle ops on it eagerly, so autograd records what a
+//! tensor-mode body does.
+//!
+//! Numerics: a Python number combined with a tensor takes the tensor's dtype and must fit it
+//! exactly (an integer tensor with 0.5 is an error); two tensors of different dtypes are an error,
+//! as in candle; comparisons give u8 masks; `pyop.tensor(obj)` without a dtype makes f32 from
+//! floats, i64 from ints and u8 from bools. Candle's errors are raised as `ValueError`s with
+//! candle's message. Work on large tensors runs with the GIL released.
+//!
+//! One file a part: the class (here), its one `#[pymethods]` block (`methods`), the helpers they
+//! share (`helpers`), the module functions (`functions`), the device new tensors land on
+//! (`device`), and the module itself (`module`).
+
+pub(crate) mod device;
+mod functions;
+mod helpers;
+mod methods;
+pub(crate) mod module;
+
+use candle_core::Tensor;
+use pyo3::prelude::*;
+
+/// A candle tensor as Python sees it (`pyop.Tensor`). Holds the tensor itself: same storage,
+/// same device, same place in the autograd graph.
+#[pyclass(name = "Tensor", module = "pyop", frozen)]
+pub struct PyTensor {
+    tensor: Tensor,
+    /// For the base object of a NumPy view: the address the view starts at.
+    view_data: usize,
+    /// Whether that view was handed out writable (an `out` buffer).
+    writable: bool,
+}
+
+impl PyTensor {
+    /// Wraps a tensor for Python (e.g. to return it from a Rust function called by a body).
+    pub fn new(tensor: Tensor) -> Self {
+        Self {
+            tensor,
+            view_data: 0,
+            writable: false,
+        }
+    }
+
+    /// The base object of a NumPy view of `tensor` starting at address `data`.
+    pub(crate) fn view_base(tensor: Tensor, data: usize, writable: bool) -> Self {
+        Self {
+            tensor,
+            view_data: data,
+            writable,
+        }
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
+    }
+
+    pub(crate) fn view_data(&self) -> Option<usize> {
+        (self.view_data != 0).then_some(self.view_data)
+    }
+
+    /// The wrapped tensor.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+}

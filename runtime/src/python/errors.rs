@@ -1,0 +1,154 @@
+//! Python exceptions into [`Error`]s, keeping their kind, message and traceback. Formatted while
+//! the GIL is held: a traceback cannot be formatted later.
+
+use pyo3::exceptions::{
+    PyKeyboardInterrupt, PyMemoryError, PyNotImplementedError, PyStopIteration, PySystemExit,
+    PyTypeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyTracebackMethods;
+
+use super::exceptions::{is_timeout, rust_error_kind};
+use crate::error::{Error, ErrorKind, IntoOpName};
+
+/// `TypeName: message` of a Python error, for messages that need no traceback.
+pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
+    let ty = err
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".to_owned());
+    let msg = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    format!("{ty}: {msg}")
+}
+
+/// Turns a Python exception into an [`Error`], keeping its kind, message and traceback.
+pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> Error {
+    // An error from Rust code the body called (an exposed function, a nested op) keeps its kind.
+    let kind = if let Some(kind) = rust_error_kind(py, &err) {
+        kind
+    } else if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
+        ErrorKind::InvalidArgument
+    } else if err.is_instance_of::<PyStopIteration>(py) {
+        ErrorKind::OutOfRange
+    } else if err.is_instance_of::<PyMemoryError>(py) {
+        ErrorKind::ResourceExhausted
+    } else if err.is_instance_of::<PyNotImplementedError>(py) {
+        ErrorKind::Unimplemented
+    } else if err.is_instance_of::<PyKeyboardInterrupt>(py)
+        || err.is_instance_of::<PySystemExit>(py)
+    {
+        ErrorKind::Cancelled
+    } else if is_timeout(py, &err) {
+        ErrorKind::Timeout
+    } else if err.is_instance_of::<pyo3::panic::PanicException>(py) {
+        ErrorKind::Panic
+    } else {
+        ErrorKind::Unknown
+    };
+    let exception = err
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".to_owned());
+    let mut message = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    if err.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
+        message.push_str(&missing_package_hint(py, &err));
+    }
+    let mut traceback = err
+        .traceback(py)
+        .map(|tb| format_traceback(py, &tb))
+        .unwrap_or_default();
+    if err.is_instance_of::<pyo3::exceptions::PySyntaxError>(py) {
+        // `str()` of a SyntaxError ends in "(file, line N)", naming only the file's last part;
+        // the location is given in full, with the source line and a caret, instead.
+        if let Ok(msg) = err.value(py).getattr("msg").and_then(|m| m.extract()) {
+            message = msg;
+        }
+        if let Some(location) = syntax_error_location(py, &err) {
+            traceback.push_str(&location);
+        }
+    }
+    Error::Python {
+        op: op.into_op_name(),
+        kind,
+        exception,
+        message,
+        traceback,
+    }
+}
+
+/// The file name of pyop's own Python code (the `pyop` module's glue, the embedded importer):
+/// its frames are left out of the tracebacks users see.
+pub(crate) const PYOP_FRAMES: &str = "<pyop>";
+
+/// Formats a traceback with Python's `traceback` module, which reads source lines through
+/// `linecache` (where pyop puts embedded and inline sources), unlike `PyTraceBack_Print`. Frames
+/// of pyop's own code and of the import machinery are left out: they say nothing about the
+/// user's code.
+fn format_traceback(py: Python<'_>, tb: &Bound<'_, pyo3::types::PyTraceback>) -> String {
+    let formatted = (|| -> PyResult<String> {
+        let traceback = py.import("traceback")?;
+        let frames = traceback.call_method1("extract_tb", (tb,))?;
+        let kept = pyo3::types::PyList::empty(py);
+        for frame in frames.try_iter()? {
+            let frame = frame?;
+            let file: String = frame.getattr("filename")?.extract()?;
+            if file != PYOP_FRAMES && !file.starts_with("<frozen importlib") {
+                kept.append(frame)?;
+            }
+        }
+        if kept.is_empty() {
+            return Ok(String::new());
+        }
+        let lines = traceback.call_method1("format_list", (kept,))?;
+        "".into_pyobject(py)?
+            .call_method1("join", (lines,))?
+            .extract()
+    })();
+    match formatted {
+        Ok(body) if body.is_empty() => String::new(),
+        Ok(body) => format!("Traceback (most recent call last):\n{body}"),
+        Err(_) => tb.format().unwrap_or_default(),
+    }
+}
+
+/// Where a syntax error is, as Python shows it: the file and line, the source line, and a caret.
+fn syntax_error_location(py: Python<'_>, err: &PyErr) -> Option<String> {
+    let lines = py
+        .import("traceback")
+        .ok()?
+        .call_method1("format_exception_only", (err.value(py),))
+        .ok()?;
+    let mut lines: Vec<String> = lines.extract().ok()?;
+    lines.pop(); // "SyntaxError: message", which the error's own text says
+    let text: String = lines.concat();
+    (!text.trim().is_empty()).then_some(text)
+}
+
+/// What to do about a package a body imports that is not installed.
+fn missing_package_hint(py: Python<'_>, err: &PyErr) -> String {
+    let name: String = err
+        .value(py)
+        .getattr("name")
+        .and_then(|n| n.extract())
+        .unwrap_or_default();
+    let top = name.split('.').next().unwrap_or_default();
+    match super::env::current(py) {
+        Some(env) => format!(
+            " (pyop uses {}: install it with {}{})",
+            env.describe(),
+            env.pip_install(top),
+            env.problems_note()
+        ),
+        None => format!(" (install it: `pip install {top}`)"),
+    }
+}

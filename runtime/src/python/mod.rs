@@ -1,0 +1,31 @@
+//! The interpreter: what pyop needs of CPython itself, knowing errors but not tensors.
+//!
+//! Starting and checking the environment (`env`), Python exceptions into [`Error`]s and back
+//! (`errors`, `exceptions`), NumPy's presence (`numpy`) and the time-limit watchdog (`timeout`).
+//! The one door op code takes into Python, `bridge::with_gil`, sits a layer above, because it
+//! also installs the `pyop` module.
+//!
+//! [`Error`]: crate::Error
+
+pub(crate) mod env;
+pub(crate) mod errors;
+pub(crate) mod exceptions;
+pub(crate) mod numpy;
+pub(crate) mod timeout;
+
+use pyo3::prelude::*;
+
+/// Runs `f`, which must not need Python, with the GIL released if this thread holds it.
+///
+/// Used around anything that can block on another thread (candle's storage locks): a thread that
+/// blocks while holding the GIL can deadlock with a Python body that is waiting for the GIL.
+pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
+    // that it is never asked before the interpreter exists.
+    let held = unsafe { pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 };
+    if held {
+        Python::attach(|py| py.detach(f))
+    } else {
+        f()
+    }
+}
