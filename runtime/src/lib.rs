@@ -2,18 +2,30 @@
 //! whose bodies are Python functions. Users depend on the `pyop` facade crate, which re-exports
 //! this crate's API and the `#[py_op]` macro.
 
+// The layers, lowest first. A file uses only its own layer and those below it, and no two files
+// use each other (`tests/layers.rs` checks both):
+//   L0  model: error, spec, arg, stats, alloc     plain Rust, no pyo3 in the types
+//   L1  python/                                   the interpreter: env, errors, exceptions, NumPy, watchdog
+//   L2  bridge/                                   candle ↔ Python: the one GIL door, conversions, pyop.Tensor
+//   L3  body/                                     where a body comes from: sources, packages, hot reload
+//   L4  op/                                       the executor: PyOp, builder, the call core, autograd
+//   L5  registry/, tools/                         #[py_op] declarations; validate, manifest, gradcheck
 mod alloc;
 mod arg;
-mod body;
-mod bridge;
-mod decl;
 mod error;
-mod grad;
-mod op;
-mod python;
 mod spec;
 mod stats;
-mod validate;
+
+mod python;
+
+mod bridge;
+
+mod body;
+
+mod op;
+
+mod registry;
+mod tools;
 
 pub use arg::Arg;
 pub use body::reload::set_hot_reload;
@@ -22,21 +34,26 @@ pub use bridge::expose::expose;
 pub use bridge::python_env;
 pub use bridge::tensor::PyTensor;
 pub use bridge::value::Value;
-pub use decl::{op_stats, registered_op, registered_ops, GradDecl, OpDecl, SourceDecl, StaticOp};
 pub use error::{Error, ErrorKind, Result};
-pub use grad::{gradcheck, GradCheck, GradReport, GradientCall, RustGradient};
-pub use op::{CallOptions, OpBuilder, PyOp};
+pub use op::builder::OpBuilder;
+pub use op::gradient::{GradientCall, RustGradient};
+pub use op::{CallOptions, PyOp};
 pub use python::env::{EnvSource, Interpreter, PythonEnv};
 pub use python::exceptions::{error_to_python, OpTimeout, RustError};
+pub use registry::decl::{GradDecl, OpDecl, SourceDecl, StaticOp};
+pub use registry::{op_stats, registered_op, registered_ops};
 pub use spec::{numpy_can_hold, Mode, OutSpec};
 pub use stats::OpStats;
-pub use validate::{manifest_json, validate, validation_report, OpRef, Problem, ValidationReport};
+pub use tools::gradcheck::{gradcheck, GradCheck, GradReport};
+pub use tools::manifest::manifest_json;
+pub use tools::validate::{validate, validation_report, OpRef, Problem, ValidationReport};
 
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::decl::{OpDeclParts, Registration};
     pub use crate::python::env::BuildEnv;
+    pub use crate::registry::decl::OpDeclParts;
+    pub use crate::registry::Registration;
     pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;

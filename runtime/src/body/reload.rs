@@ -173,9 +173,11 @@ impl Reload {
             _ if self.shared => source::replace_shared(py, op, &source)?,
             _ => source::private_module(py, op, &source)?,
         };
-        let body = source::function(&module, op, function, &source, "function")?.unbind();
+        let body = source::function(&module, op, function, &source, source::FnRole::Body)?.unbind();
         let grad = match gradient {
-            Some(g) => Some(source::function(&module, op, g, &source, "gradient")?.unbind()),
+            Some(g) => {
+                Some(source::function(&module, op, g, &source, source::FnRole::Gradient)?.unbind())
+            }
             None => None,
         };
         Ok(Some((source, body, grad)))

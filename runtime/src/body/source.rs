@@ -281,13 +281,29 @@ fn cache_source_lines(py: Python<'_>, filename: &str, text: &str, first_line: u3
     cache.set_item(filename, (size, py.None(), lines, filename))
 }
 
+/// Which function of a source is looked up: the body, or its gradient.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FnRole {
+    Body,
+    Gradient,
+}
+
+impl std::fmt::Display for FnRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FnRole::Body => "function",
+            FnRole::Gradient => "gradient",
+        })
+    }
+}
+
 /// The callable `name` in `module`, or an error naming the op and the source.
 pub(crate) fn function<'py>(
     module: &Bound<'py, PyAny>,
     op: &str,
     name: &str,
     source: &Source,
-    what: &str,
+    what: FnRole,
 ) -> Result<Bound<'py, PyAny>> {
     match module.getattr(name) {
         Ok(f) if f.is_callable() => Ok(f),
@@ -304,7 +320,7 @@ pub(crate) fn function<'py>(
             let defined = defined_functions(module);
             let hint = match defined.as_slice() {
                 [] => String::new(),
-                [one] if what == "function" => {
+                [one] if what == FnRole::Body => {
                     format!("; it defines `{one}`: if that is the body, declare `name = \"{one}\"`")
                 }
                 many => format!(

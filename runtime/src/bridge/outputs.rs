@@ -11,13 +11,39 @@ use crate::spec::OutSpec;
 
 use super::numbers::{describe_value, to_tensor};
 
+/// What a checked value is: one of a body's outputs, or one of a gradient function's results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Output,
+    Gradient,
+}
+
+impl Role {
+    /// The kind of a mismatch of this role.
+    pub(crate) fn kind(self) -> ErrorKind {
+        match self {
+            Role::Output => ErrorKind::OutputMismatch,
+            Role::Gradient => ErrorKind::GradientMismatch,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Output => "output",
+            Role::Gradient => "gradient",
+        })
+    }
+}
+
 /// What [`outputs_from_python`] checks against: the op's name and `tout`, and where outputs go.
 pub(crate) struct OutputCheck<'a> {
     pub op: &'a str,
     pub tout: &'a [OutSpec],
     pub device: &'a Device,
-    /// "output" for a body's results, "gradient" for a gradient function's.
-    pub what: &'a str,
+    /// Whether these are a body's outputs or a gradient function's results.
+    pub role: Role,
     /// The call's arguments, for outputs declared with the shape of one (`f32[x]`).
     pub args: &'a [Arg<'a>],
 }
@@ -36,12 +62,7 @@ pub(crate) fn known_shape(spec: &OutSpec, args: &[Arg<'_>]) -> Option<Vec<usize>
 
 impl OutputCheck<'_> {
     pub(crate) fn error(&self, index: Option<usize>, msg: String) -> Error {
-        let kind = if self.what == "gradient" {
-            ErrorKind::GradientMismatch
-        } else {
-            ErrorKind::OutputMismatch
-        };
-        Error::mismatch(self.op, kind, index, msg)
+        Error::mismatch(self.op, self.role.kind(), index, msg)
     }
 }
 
@@ -71,7 +92,7 @@ pub(crate) fn outputs_from_python(
                 None,
                 format!(
                     "expected 1 {}, got a tuple of {} values",
-                    check.what,
+                    check.role,
                     t.len()
                 ),
             ));
@@ -85,7 +106,7 @@ pub(crate) fn outputs_from_python(
                     None,
                     format!(
                         "expected a tuple of {m} {}s, got {}",
-                        check.what,
+                        check.role,
                         describe_value(result)
                     ),
                 ))
@@ -97,7 +118,7 @@ pub(crate) fn outputs_from_python(
     if items.len() != m {
         return Err(check.error(
             None,
-            format!("expected {m} {}s, got {}", check.what, items.len()),
+            format!("expected {m} {}s, got {}", check.role, items.len()),
         ));
     }
     items
@@ -116,7 +137,7 @@ pub(crate) fn value_to_tensor(
     spec: &OutSpec,
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
-    let what = check.what;
+    let what = check.role;
     let tensor = match to_tensor(py, value, Some(spec.dtype)) {
         Ok(Some(t)) => t,
         Ok(None) => {

@@ -1,5 +1,5 @@
-//! Ops declared with `#[py_op]`: the static declaration the macro writes, the op it builds on
-//! first call, and the registry of every declared op in the binary.
+//! What `#[py_op]` writes for each op: its declaration ([`OpDecl`]) and the static that builds
+//! the op on its first call ([`StaticOp`]).
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
@@ -9,8 +9,8 @@ use candle_core::{Device, Tensor};
 use crate::arg::Arg;
 use crate::body::source::Source;
 use crate::error::{Error, Result};
-use crate::grad::RustGradient;
-use crate::op::{CallOptions, OpBuilder, PyOp};
+use crate::op::gradient::RustGradient;
+use crate::op::{builder::OpBuilder, CallOptions, PyOp};
 use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
@@ -261,40 +261,4 @@ impl StaticOp {
     pub fn stats(&self) -> OpStats {
         self.op.get().map(PyOp::stats).unwrap_or_default()
     }
-}
-
-/// One registry entry; `#[py_op]` submits one per declared op.
-#[doc(hidden)]
-pub struct Registration(pub &'static StaticOp);
-
-inventory::collect!(Registration);
-
-/// Every op declared with `#[py_op]` in the program, from any crate, sorted by Rust path (the
-/// key: two crates' ops of the same name do not collide).
-pub fn registered_ops() -> Vec<&'static StaticOp> {
-    let mut all: Vec<&'static StaticOp> = inventory::iter::<Registration>
-        .into_iter()
-        .map(|r| r.0)
-        .collect();
-    all.sort_by_key(|op| (op.decl.module_path(), op.decl.name()));
-    all
-}
-
-/// The declared op whose Rust path is `key` (`my_crate::ops::zscore`), or whose name is `key` if
-/// only one op has that name.
-pub fn registered_op(key: &str) -> Option<&'static StaticOp> {
-    let all = registered_ops();
-    if let Some(op) = all.iter().find(|op| op.decl.rust_path() == key) {
-        return Some(op);
-    }
-    let mut named = all.into_iter().filter(|op| op.decl.name() == key);
-    match (named.next(), named.next()) {
-        (Some(op), None) => Some(op),
-        _ => None,
-    }
-}
-
-/// The counters of the declared op `key` (see [`registered_op`]).
-pub fn op_stats(key: &str) -> Option<OpStats> {
-    registered_op(key).map(StaticOp::stats)
 }

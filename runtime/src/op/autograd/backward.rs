@@ -1,0 +1,260 @@
+//! The backward calls of a node: a Rust gradient (panics caught, results checked), or a Python one
+//! through the call core, its results checked like outputs.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use candle_core::Tensor;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use super::node::{Node, SavedArg};
+use crate::arg::Arg;
+use crate::bridge::args::{python_args, Lists};
+use crate::bridge::outputs::{OutputCheck, Role};
+use crate::bridge::prepare::Prepared;
+use crate::error::{panic_message, Error, ErrorKind, Result};
+use crate::op::gradient::{GradientCall, RustGradient};
+use crate::python::errors::python_error;
+use crate::python::timeout::run_limited;
+use crate::spec::OutSpec;
+
+impl Node {
+    pub(super) fn rust_gradient(
+        &self,
+        f: RustGradient,
+        grads: &[Tensor],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let op = &*self.op.inner;
+        op.run_rust(|| {
+            // `&[Tensor]` arguments need slices that live as long as the call.
+            let lists: Vec<Vec<Tensor>> = self.tensor_lists();
+            let args = self.args_with_lists(&lists);
+            let call = GradientCall {
+                op: &op.name,
+                args: &args,
+                outputs: &self.outputs,
+                grads,
+            };
+            let result = catch_unwind(AssertUnwindSafe(|| f(&call))).unwrap_or_else(|panic| {
+                Err(Error::op_failure(
+                    &op.name,
+                    ErrorKind::Panic,
+                    format!("the Rust gradient panicked: {}", panic_message(&*panic)),
+                ))
+            });
+            result.and_then(|g| self.check_rust(g))
+        })
+    }
+
+    pub(super) fn tensor_lists(&self) -> Vec<Vec<Tensor>> {
+        let mut next = 0;
+        let mut lists = Vec::new();
+        for v in &self.values {
+            match v {
+                SavedArg::Tensor => next += 1,
+                SavedArg::Tensors(k) => {
+                    lists.push(
+                        self.prepared[next..next + k]
+                            .iter()
+                            .map(|p| p.tensor.clone())
+                            .collect(),
+                    );
+                    next += k;
+                }
+                _ => {}
+            }
+        }
+        lists
+    }
+
+    pub(super) fn args_with_lists<'a>(&'a self, lists: &'a [Vec<Tensor>]) -> Vec<Arg<'a>> {
+        let mut tensors = self.prepared.iter().map(|p| &p.tensor);
+        let mut lists = lists.iter();
+        self.values
+            .iter()
+            .map(|v| match v {
+                SavedArg::Tensors(k) => {
+                    for _ in 0..*k {
+                        tensors.next();
+                    }
+                    Arg::Tensors(lists.next().expect("one list per argument"))
+                }
+                SavedArg::Tensor => Arg::Tensor(tensors.next().expect("one per tensor")),
+                other => SavedArg::as_plain(other),
+            })
+            .collect()
+    }
+
+    pub(super) fn check_rust(&self, g: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>> {
+        let op = &self.op.inner.name;
+        if g.len() != self.prepared.len() {
+            return Err(Error::mismatch(
+                op,
+                ErrorKind::GradientMismatch,
+                None,
+                format!(
+                    "expected {} gradients (one per tensor input), got {}",
+                    self.prepared.len(),
+                    g.len()
+                ),
+            ));
+        }
+        for (i, (g, p)) in g.iter().zip(&self.prepared).enumerate() {
+            if let Some(g) = g {
+                let x = &p.tensor;
+                if g.dims() != x.dims() || g.dtype() != x.dtype() {
+                    return Err(Error::mismatch(
+                        op,
+                        ErrorKind::GradientMismatch,
+                        Some(i),
+                        format!(
+                            "gradient {i}: expected {}{:?}, got {}{:?}",
+                            x.dtype().as_str(),
+                            x.dims(),
+                            g.dtype().as_str(),
+                            g.dims()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(g)
+    }
+
+    pub(super) fn python_gradient(
+        &self,
+        f: &Py<PyAny>,
+        grads: &[Tensor],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let op = &*self.op.inner;
+        // Outputs and incoming gradients, prepared for Python in one go.
+        let both: Vec<Arg<'_>> = self.outputs.iter().chain(grads).map(Arg::Tensor).collect();
+        let mut out_prepared = crate::python::without_gil(|| {
+            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, &both)
+        })?;
+        let grad_prepared = out_prepared.split_off(self.outputs.len());
+        let lists = self.tensor_lists();
+        let args = self.args_with_lists(&lists);
+        let device = self
+            .prepared
+            .first()
+            .map(|p| p.tensor.device().clone())
+            .unwrap_or(candle_core::Device::Cpu);
+        op.run_python(&device, |py| {
+            let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
+                python_args(py, op.mode, a, p, Lists::AsTuples)
+                    .map_err(|e| python_error(py, &op.name, e))
+            };
+            let inputs = tuples(&args, &self.prepared)?;
+            let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
+            let outputs = tuples(&outs, &out_prepared)?;
+            let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
+            let grads = tuples(&gs, &grad_prepared)?;
+            let f = op.python_gradient_now(py, f);
+            let returned = run_limited(py, &op.name, op.timeout, || {
+                f.call1((inputs, outputs, grads))
+            })?;
+            self.python_results(py, &args, &device, &returned)
+        })
+    }
+
+    pub(super) fn python_results(
+        &self,
+        py: Python<'_>,
+        args: &[Arg<'_>],
+        device: &candle_core::Device,
+        returned: &Bound<'_, PyAny>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let op = &self.op.inner.name;
+        let mismatch = |index: Option<usize>, what: String| {
+            Error::mismatch(op, ErrorKind::GradientMismatch, index, what)
+        };
+        let tensor_args: Vec<&Arg<'_>> = args
+            .iter()
+            .filter(|a| matches!(a, Arg::Tensor(_) | Arg::Tensors(_)))
+            .collect();
+        let entries: Vec<Bound<'_, PyAny>> = match (tensor_args.as_slice(), seq(returned)) {
+            ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
+            ([Arg::Tensor(_)], _) => vec![returned.clone()],
+            // A single list argument: its tuple of entries, bare or as the only entry.
+            ([Arg::Tensors(ts)], Some(items)) if items.len() == ts.len() && ts.len() != 1 => {
+                vec![returned.clone()]
+            }
+            (_, Some(items)) if items.len() == tensor_args.len() => items,
+            (_, Some(items)) => {
+                return Err(mismatch(
+                    None,
+                    format!(
+                        "expected {} gradients (one per tensor argument), got {}",
+                        tensor_args.len(),
+                        items.len()
+                    ),
+                ))
+            }
+            (_, None) => {
+                return Err(mismatch(
+                    None,
+                    format!(
+                        "expected a tuple of {} gradients, got {}",
+                        tensor_args.len(),
+                        crate::bridge::numbers::describe_value(returned)
+                    ),
+                ))
+            }
+        };
+        let mut out = Vec::with_capacity(self.prepared.len());
+        let mut flat_index = 0;
+        for (arg, entry) in tensor_args.iter().zip(entries) {
+            let items = match arg {
+                Arg::Tensors(ts) if entry.is_none() => vec![entry; ts.len()],
+                Arg::Tensors(ts) => match seq(&entry) {
+                    Some(items) if items.len() == ts.len() => items,
+                    _ => {
+                        return Err(mismatch(
+                            Some(flat_index),
+                            format!(
+                                "expected a tuple of {} gradients for a list argument, got {}",
+                                ts.len(),
+                                crate::bridge::numbers::describe_value(&entry)
+                            ),
+                        ))
+                    }
+                },
+                _ => vec![entry],
+            };
+            for item in items {
+                let x = &self.prepared[flat_index].tensor;
+                if item.is_none() || !x.dtype().is_float() {
+                    out.push(None);
+                } else {
+                    let spec = OutSpec::shaped(
+                        x.dtype(),
+                        x.dims().iter().map(|&d| Some(d)).collect::<Vec<_>>(),
+                    );
+                    let check = OutputCheck {
+                        op,
+                        tout: std::slice::from_ref(&spec),
+                        device,
+                        role: Role::Gradient,
+                        args: &[],
+                    };
+                    out.push(Some(crate::bridge::outputs::value_to_tensor(
+                        py, &check, flat_index, &spec, &item,
+                    )?));
+                }
+                flat_index += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn seq<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = v.cast::<PyTuple>() {
+        Some(t.iter().collect())
+    } else if let Ok(l) = v.cast::<PyList>() {
+        Some(l.iter().collect())
+    } else {
+        None
+    }
+}

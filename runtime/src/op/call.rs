@@ -1,0 +1,154 @@
+//! The forward call: device check, inputs prepared outside the GIL, the body run through the call
+//! core, outputs checked, and the autograd node attached when the op has its own gradient.
+
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::autograd;
+use super::{CallOptions, OpInner, PyOp};
+use crate::arg::Arg;
+use crate::bridge::args::{python_args, Lists};
+use crate::bridge::out::out_buffers;
+use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Role};
+use crate::bridge::prepare::Prepared;
+use crate::error::{bail, Result};
+use crate::python::errors::python_error;
+use crate::python::timeout::run_limited;
+use crate::spec::Mode;
+
+impl PyOp {
+    /// Calls the op: one output tensor per `tout` entry, on the inputs' device. Arguments are
+    /// passed to the body positionally, each made with `Arg::from` (or `Arg::None` for `None`).
+    ///
+    /// ```
+    /// use pyop::candle::{DType, Device, Tensor};
+    /// use pyop::{Arg, OutSpec, PyOp};
+    ///
+    /// let clip = PyOp::builder("clip")
+    ///     .code("import numpy as np\ndef clip(x, lo, hi):\n    return np.clip(x, lo, hi)")
+    ///     .numpy()
+    ///     .tout([OutSpec::new(DType::F64)])
+    ///     .build()?;
+    /// let x = Tensor::new(&[-2f64, 0.5, 3.], &Device::Cpu)?;
+    /// let y = clip.call(&[Arg::from(&x), Arg::from(-1.0), Arg::from(1.0)])?;
+    /// assert_eq!(y[0].to_vec1::<f64>()?, [-1.0, 0.5, 1.0]);
+    /// # Ok::<(), pyop::Error>(())
+    /// ```
+    pub fn call(&self, args: &[Arg<'_>]) -> Result<Vec<Tensor>> {
+        self.call_with(args, &CallOptions::default())
+    }
+
+    /// Calls the op with per-call options.
+    pub fn call_with(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
+        let op = &*self.inner;
+        let device = op.failed_before_python(output_device(op, args, options.device))?;
+        let span = tracing::trace_span!(
+            "pyop.call",
+            op = %op.name,
+            mode = op.mode.as_str(),
+            device = ?device.location()
+        );
+        let _entered = span.enter();
+
+        // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
+        let needs_node =
+            (op.mode == Mode::Numpy || op.gradient.is_some()) && autograd::any_tracked(args);
+        let prepared = op.failed_before_python(crate::python::without_gil(|| {
+            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, args)
+        }))?;
+        let prepared = if needs_node {
+            autograd::detach_prepared(prepared)
+        } else {
+            prepared
+        };
+        let timeout = options.timeout.or(op.timeout);
+        let outputs = op.run_python(&device, |py| {
+            op.run_body(py, args, &prepared, &device, timeout)
+        })?;
+        if needs_node {
+            autograd::attach(&self.inner, args, prepared, outputs).map_err(|e| e.in_op(&op.name))
+        } else {
+            Ok(outputs)
+        }
+    }
+}
+
+fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> Result<Device> {
+    let mut first: Option<&Device> = None;
+    let mut clash = None;
+    for arg in args {
+        arg.for_each_tensor(|t| match first {
+            None => first = Some(t.device()),
+            Some(d) if !d.same_device(t.device()) && clash.is_none() => {
+                clash = Some(format!(
+                    "inputs are on different devices ({:?} and {:?})",
+                    d.location(),
+                    t.device().location()
+                ))
+            }
+            _ => {}
+        });
+    }
+    if let Some(msg) = clash {
+        bail!(
+            &op.name,
+            DeviceMismatch,
+            "{msg}; move them to one device before the call"
+        );
+    }
+    Ok(explicit.or(first).cloned().unwrap_or(Device::Cpu))
+}
+
+impl OpInner {
+    /// The body's part of a forward call, with the GIL held: the Python arguments, the body (with
+    /// `out` buffers when it takes them and every output's shape is known), the output check.
+    fn run_body(
+        &self,
+        py: Python<'_>,
+        args: &[Arg<'_>],
+        prepared: &[Prepared],
+        device: &Device,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Tensor>> {
+        let op = self;
+        if op.mode == Mode::Numpy {
+            crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
+        }
+        let py_args = python_args(py, op.mode, args, prepared, Lists::AsLists)
+            .map_err(|e| python_error(py, &op.name, e))?;
+        let check = OutputCheck {
+            op: &op.name,
+            tout: &op.tout,
+            device,
+            role: Role::Output,
+            args,
+        };
+        // A numpy-mode body that takes `out` writes into candle memory when every output's
+        // shape is known before the call.
+        let (body, accepts_out) = op.body_now(py);
+        let shapes = if accepts_out && !op.tout.is_empty() {
+            op.tout
+                .iter()
+                .map(|o| known_shape(o, args))
+                .collect::<Option<Vec<_>>>()
+        } else {
+            None
+        };
+        if let Some(shapes) = shapes {
+            let out = out_buffers(py, &op.tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
+            let kwargs = PyDict::new(py);
+            kwargs
+                .set_item(pyo3::intern!(py, "out"), &out.arg)
+                .map_err(|e| python_error(py, &op.name, e))?;
+            let returned =
+                run_limited(py, &op.name, timeout, || body.call(py_args, Some(&kwargs)))?;
+            drop(kwargs);
+            return out.finish(&check, returned);
+        }
+        let returned = run_limited(py, &op.name, timeout, || body.call1(py_args))?;
+        outputs_from_python(py, &check, &returned)
+    }
+}

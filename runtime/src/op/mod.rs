@@ -1,0 +1,214 @@
+//! The executor: [`PyOp`] (an op with its body, outputs, gradient and counters), built by
+//! [`OpBuilder`] (`builder`), called through the one call core (`run`) by the forward call
+//! (`call`) and by the autograd node's backward Python call (`autograd`).
+
+pub(crate) mod autograd;
+pub(crate) mod builder;
+pub(crate) mod call;
+pub(crate) mod gradient;
+pub(crate) mod run;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::Device;
+use pyo3::prelude::*;
+
+use crate::body::source::{self, Source};
+use crate::spec::{Mode, OutSpec};
+use crate::stats::{Counters, OpStats};
+use gradient::Gradient;
+
+/// An op whose body is a Python function: built at run time with [`PyOp::builder`], or declared
+/// with `#[py_op]` (which builds one on first call). Cloning is cheap and shares the op.
+#[derive(Clone)]
+pub struct PyOp {
+    pub(crate) inner: Arc<OpInner>,
+}
+
+pub(crate) struct OpInner {
+    pub name: String,
+    pub mode: Mode,
+    pub tout: Vec<OutSpec>,
+    pub source: Option<Source>,
+    pub body: Py<PyAny>,
+    pub gradient: Option<Gradient>,
+    pub timeout: Option<Duration>,
+    /// Whether the body takes an `out` keyword (numpy mode): see `bridge::out::OutBuffers`.
+    accepts_out: bool,
+    /// Set when hot reload watches the body's files.
+    reload: Option<crate::body::reload::Reload>,
+    function: String,
+    gradient_name: Option<String>,
+    pub counters: Counters,
+    /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
+    owns_lines: bool,
+    /// Keeps a run-time op's private namespace alive for as long as the op.
+    _module: Option<Py<PyAny>>,
+}
+
+impl std::fmt::Debug for PyOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyOp")
+            .field("name", &self.inner.name)
+            .field("mode", &self.inner.mode)
+            .field("tout", &crate::spec::tout_to_string(&self.inner.tout))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-call options of [`PyOp::call_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// use pyop::candle::{DType, Device, Tensor};
+/// use pyop::{Arg, CallOptions, ErrorKind, OutSpec, PyOp};
+///
+/// let spin = PyOp::builder("spin")
+///     .code("def spin(x):\n    while True:\n        pass")
+///     .tout([OutSpec::new(DType::F32)])
+///     .build()?;
+/// let x = Tensor::new(&[1f32], &Device::Cpu)?;
+/// let options = CallOptions::new().timeout(Duration::from_millis(50));
+/// let err = spin.call_with(&[Arg::from(&x)], &options).unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::Timeout);
+/// # Ok::<(), pyop::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct CallOptions<'a> {
+    /// The outputs' device; default: the inputs' device, or the CPU without tensor inputs.
+    pub device: Option<&'a Device>,
+    /// A time limit for this call, overriding the op's own.
+    pub timeout: Option<Duration>,
+}
+
+impl<'a> CallOptions<'a> {
+    /// No options: the inputs' device, the op's own time limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Puts the outputs on `device`.
+    pub fn device(mut self, device: &'a Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// Interrupts this call's body after `limit`.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+}
+
+impl PyOp {
+    /// The op's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The op's mode.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The op's declared outputs.
+    pub fn tout(&self) -> &[OutSpec] {
+        &self.inner.tout
+    }
+
+    /// Why the last hot reload of the body failed, if it did (see `PYOP_HOT_RELOAD`).
+    pub fn last_reload_error(&self) -> Option<String> {
+        self.inner.reload.as_ref().and_then(|r| r.last_error())
+    }
+
+    /// Where the body came from (`None` for a body given as a callable).
+    pub fn source(&self) -> Option<&Source> {
+        self.inner.source.as_ref()
+    }
+
+    /// What the op has cost so far.
+    pub fn stats(&self) -> OpStats {
+        self.inner.counters.snapshot()
+    }
+}
+
+impl OpInner {
+    /// The body to call now (hot reload may have replaced the one the op was built with).
+    pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, bool) {
+        match &self.reload {
+            None => (self.body.bind(py).clone(), self.accepts_out),
+            Some(r) => {
+                let body = self.reloaded(py, r).body;
+                // A reloaded body may have gained or dropped its `out` parameter.
+                let out = self.mode == Mode::Numpy && takes_out(&body);
+                (body, out)
+            }
+        }
+    }
+
+    /// The Python gradient to call now.
+    pub(crate) fn python_gradient_now<'py>(
+        &self,
+        py: Python<'py>,
+        built: &Py<PyAny>,
+    ) -> Bound<'py, PyAny> {
+        match &self.reload {
+            None => built.bind(py).clone(),
+            Some(r) => self
+                .reloaded(py, r)
+                .gradient
+                .unwrap_or_else(|| built.bind(py).clone()),
+        }
+    }
+
+    fn reloaded<'py>(
+        &self,
+        py: Python<'py>,
+        r: &crate::body::reload::Reload,
+    ) -> crate::body::reload::Current<'py> {
+        let built_grad = match &self.gradient {
+            Some(Gradient::Python(g)) => Some(g),
+            _ => None,
+        };
+        let grad_name = self.gradient_name.as_deref();
+        r.current(
+            py,
+            &self.name,
+            &self.function,
+            grad_name,
+            (&self.body, built_grad),
+        )
+    }
+}
+
+impl Drop for OpInner {
+    fn drop(&mut self) {
+        // Python references are released with the GIL held, now, rather than left to pyo3's
+        // deferred pool: a dropped run-time op leaves nothing behind in Python.
+        if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
+            Python::attach(|py| {
+                if self.owns_lines {
+                    if let Some(src) = &self.source {
+                        source::forget_lines(py, src);
+                    }
+                }
+                self._module.take();
+                self.gradient.take();
+                let body = std::mem::replace(&mut self.body, py.None());
+                drop(body);
+            });
+        }
+    }
+}
+
+/// Whether `f` has a parameter named `out` (a builtin without a signature has not).
+pub(crate) fn takes_out(f: &Bound<'_, PyAny>) -> bool {
+    let py = f.py();
+    py.import("inspect")
+        .and_then(|i| i.call_method1("signature", (f,)))
+        .and_then(|sig| sig.getattr("parameters"))
+        .and_then(|params| params.contains("out"))
+        .unwrap_or(false)
+}
