@@ -348,3 +348,12 @@ impl ToTokens for Key {
         self.ident.to_tokens(tokens);
     }
 }
+
+/// The package's name: the last component of its folder.
+pub fn package_name(path: &str) -> String {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path)
+        .to_owned()
+}

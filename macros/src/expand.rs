@@ -196,15 +196,6 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     }
 }
 
-/// The package's name: the last component of its folder.
-pub fn package_name(path: &str) -> String {
-    path.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(path)
-        .to_owned()
-}
-
 /// `SourceDecl::Package` with every `.py` file of the folder embedded (`include_str!`, so editing
 /// one rebuilds; a file added later needs a rebuild to be seen).
 fn package_source(
@@ -229,7 +220,7 @@ fn package_source(
         ));
     }
     files.sort();
-    let name = package_name(&rel);
+    let name = crate::attr::package_name(&rel);
     let module = module.unwrap_or_else(|| name.clone());
     let entries = files.iter().map(|f| {
         let include = quote_spanned!(lit.span()=> ::core::include_str!(::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #rel, "/", #f)));

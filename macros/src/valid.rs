@@ -36,7 +36,7 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         }
     }
     if let (Some(package), Some(module)) = (&opts.package, &opts.module) {
-        let name = crate::expand::package_name(&package.value.value());
+        let name = crate::attr::package_name(&package.value.value());
         let m = module.value.value();
         if m != name && !m.starts_with(&format!("{name}.")) {
             cx.error_spanned_by(

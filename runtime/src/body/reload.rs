@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 
 use super::package;
 use super::source::{self, Source};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 
 /// How often a reloading op looks at its files.
 pub const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -196,9 +196,9 @@ fn same_text(a: &Source, b: &Source) -> bool {
 fn reread(op: &str, source: &Source) -> Result<Source> {
     let read = |p: &Path| {
         std::fs::read_to_string(p).map_err(|e| {
-            crate::Error::op_failure(
+            Error::op_failure(
                 op,
-                crate::ErrorKind::Source,
+                ErrorKind::Source,
                 format!("cannot read {}: {e}", p.display()),
             )
         })
@@ -212,11 +212,7 @@ fn reread(op: &str, source: &Source) -> Result<Source> {
             root, name, module, ..
         } => {
             let files = package::read(Path::new(root.as_ref())).map_err(|e| {
-                crate::Error::op_failure(
-                    op,
-                    crate::ErrorKind::Source,
-                    format!("cannot read {root}: {e}"),
-                )
+                Error::op_failure(op, ErrorKind::Source, format!("cannot read {root}: {e}"))
             })?;
             Source::Package {
                 root: root.clone(),

@@ -19,8 +19,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use crate::error::{Error, ErrorKind, IntoOpName, Result, NO_OP};
+use crate::python::describe;
 use crate::python::env::{self, PythonEnv};
-use crate::python::errors::describe;
 
 /// Runs `f` with the GIL held; returns its result and how long this thread waited for the GIL.
 ///

@@ -65,7 +65,7 @@ pub(crate) fn to_tensor(
         || value.is_exact_instance_of::<PyBool>();
     if !exact_number {
         if let Some(array) =
-            as_numpy_array(py, value).map_err(|e| crate::python::errors::describe(py, &e))?
+            as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))?
         {
             return array_to_tensor(py, dtype, &array).map(Some);
         }
@@ -162,7 +162,7 @@ pub(crate) fn array_to_tensor(
         py.import("numpy")
             .and_then(|np| np.call_method1("ascontiguousarray", (array,)))
             .and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?))
-            .map_err(|e| crate::python::errors::describe(py, &e))?
+            .map_err(|e| crate::python::describe(py, &e))?
     };
     let n: usize = dims.iter().product();
     // The array is C-contiguous, of `n` elements of the dtype checked above, and `contiguous`

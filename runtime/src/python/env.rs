@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use super::errors::describe;
+use super::describe;
 use crate::error::{Error, ErrorKind, Result, NO_OP};
 
 /// Why pyop chose the Python environment it uses; see [`PythonEnv`].

@@ -8,23 +8,9 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyTracebackMethods;
 
+use super::describe;
 use super::exceptions::{is_timeout, rust_error_kind};
 use crate::error::{Error, ErrorKind, IntoOpName};
-
-/// `TypeName: message` of a Python error, for messages that need no traceback.
-pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
-    let ty = err
-        .get_type(py)
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "Exception".to_owned());
-    let msg = err
-        .value(py)
-        .str()
-        .map(|s| s.to_string())
-        .unwrap_or_default();
-    format!("{ty}: {msg}")
-}
 
 /// Turns a Python exception into an [`Error`], keeping its kind, message and traceback.
 pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> Error {

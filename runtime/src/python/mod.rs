@@ -29,3 +29,18 @@ pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         f()
     }
 }
+
+/// `TypeName: message` of a Python error, for messages that need no traceback.
+pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
+    let ty = err
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".to_owned());
+    let msg = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    format!("{ty}: {msg}")
+}

@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use super::errors::describe;
+use super::describe;
 use crate::error::{Error, ErrorKind, Result};
 
 static NUMPY: PyOnceLock<()> = PyOnceLock::new();

@@ -307,14 +307,14 @@ fn check_op(
 fn accepts(py: Python<'_>, f: &Bound<'_, PyAny>, n: usize) -> std::result::Result<bool, String> {
     let inspect = py
         .import("inspect")
-        .map_err(|e| crate::python::errors::describe(py, &e))?;
+        .map_err(|e| crate::python::describe(py, &e))?;
     let Ok(sig) = inspect.call_method1("signature", (f,)) else {
         return Ok(false);
     };
     let args = pyo3::types::PyTuple::new(py, (0..n).map(|_| py.None()))
-        .map_err(|e| crate::python::errors::describe(py, &e))?;
+        .map_err(|e| crate::python::describe(py, &e))?;
     match sig.call_method1("bind", args) {
         Ok(_) => Ok(true),
-        Err(e) => Err(crate::python::errors::describe(py, &e)),
+        Err(e) => Err(crate::python::describe(py, &e)),
     }
 }
