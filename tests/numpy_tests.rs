@@ -21,7 +21,7 @@ fn data_ptr(t: &Tensor) -> usize {
     base + l.start_offset() * size
 }
 
-// --- the five declaration forms of the issue ---
+// --- the five declaration forms ---
 
 /// Doc comments carry over.
 #[py_op(file = "tests/py/stats.py", numpy, tout = f32)]

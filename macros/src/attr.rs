@@ -1,14 +1,103 @@
 //! Parses the options of `#[py_op(...)]`.
 
-use proc_macro2::{Delimiter, Ident, Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Ident, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{LitInt, LitStr};
 
 use crate::ctxt::Ctxt;
 
-/// The keys `#[py_op]` accepts.
-const KEYS: &str =
-    "`file`, `code`, `module`, `package`, `name`, `numpy`, `tout`, `grad`, `timeout_ms`, `crate`";
+/// The keys `#[py_op]` accepts (serde's `Symbol`, pyo3's `kw::`, as an enum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyName {
+    File,
+    Code,
+    Module,
+    Package,
+    Name,
+    Numpy,
+    Tout,
+    Grad,
+    TimeoutMs,
+    Crate,
+}
+
+impl KeyName {
+    pub const ALL: [KeyName; 10] = [
+        KeyName::File,
+        KeyName::Code,
+        KeyName::Module,
+        KeyName::Package,
+        KeyName::Name,
+        KeyName::Numpy,
+        KeyName::Tout,
+        KeyName::Grad,
+        KeyName::TimeoutMs,
+        KeyName::Crate,
+    ];
+
+    /// The keys that give a body its source.
+    pub const SOURCES: [KeyName; 4] = [
+        KeyName::File,
+        KeyName::Code,
+        KeyName::Module,
+        KeyName::Package,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyName::File => "file",
+            KeyName::Code => "code",
+            KeyName::Module => "module",
+            KeyName::Package => "package",
+            KeyName::Name => "name",
+            KeyName::Numpy => "numpy",
+            KeyName::Tout => "tout",
+            KeyName::Grad => "grad",
+            KeyName::TimeoutMs => "timeout_ms",
+            KeyName::Crate => "crate",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The key one or two edits away from `s`, if exactly one is.
+    fn near(s: &str) -> Option<Self> {
+        let mut close = Self::ALL
+            .into_iter()
+            .filter(|k| edit_distance(k.as_str(), s) <= 2);
+        match (close.next(), close.next()) {
+            (Some(k), None) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+/// "`file`, `code`, …": the accepted keys, for messages.
+fn keys() -> String {
+    KeyName::ALL
+        .iter()
+        .map(|k| format!("`{}`", k.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
 
 /// The dtypes `tout` accepts: the name written, candle's variant, and whether NumPy has it.
 pub const DTYPES: &[(&str, &str, bool)] = &[
@@ -46,8 +135,9 @@ pub struct Options {
     pub grad: Option<Attr<Grad>>,
     pub timeout_ms: Option<Attr<LitInt>>,
     pub krate: Option<Attr<syn::Path>>,
-    /// Every key written, valid value or not: a key whose value was wrong is not also "missing".
-    pub written: Vec<String>,
+    /// Every key written, valid value or not (and a misspelt one, with its likely meaning): a key
+    /// whose value was wrong is not also "missing".
+    pub written: Vec<KeyName>,
 }
 
 /// `tout`: one output, a tuple of them, or `()`.
@@ -82,62 +172,67 @@ impl Options {
         opts
     }
 
+    /// One `key = value` (or `numpy`) of the attribute.
     fn entry(&mut self, cx: &Ctxt, entry: Vec<TokenTree>) {
-        let mut it = entry.into_iter();
-        let ident = match it.next() {
-            Some(TokenTree::Ident(i)) => i,
-            Some(other) => {
-                cx.error_spanned_by(&other, format!("expected a key, one of {KEYS}"));
-                return;
-            }
-            None => return,
+        let Some((key, name, value)) = split_entry(cx, entry) else {
+            return;
         };
-        let key = Key { ident };
-        let rest: Vec<TokenTree> = it.collect();
-        let value = match rest.first() {
-            None => None,
-            Some(TokenTree::Punct(p)) if p.as_char() == '=' => {
-                Some(rest[1..].iter().cloned().collect::<TokenStream>())
-            }
-            Some(other) => {
-                cx.error_spanned_by(other, format!("expected `=` after `{}`", key.ident));
-                return;
-            }
-        };
-        let name = key.ident.to_string();
-        self.written.push(name.clone());
-        if name != "numpy" && value.as_ref().is_none_or(|v| v.is_empty()) {
-            if KEYS.contains(&format!("`{name}`")) {
-                cx.error_spanned_by(
+        if name != Some(KeyName::Numpy) && value.as_ref().is_none_or(|v| v.is_empty()) {
+            match name {
+                Some(k) => cx.error_spanned_by(
                     &key.ident,
-                    format!("`{name}` needs a value: `{name} = ...`"),
-                );
-            } else {
-                cx.error_spanned_by(
-                    &key.ident,
-                    format!("unknown key `{name}`; expected one of {KEYS}"),
-                );
+                    format!("`{}` needs a value: `{} = ...`", k.as_str(), k.as_str()),
+                ),
+                None => self.unknown(cx, &key),
             }
             return;
         }
-        let value = value.unwrap_or_default();
-        match name.as_str() {
-            "file" => set(cx, &mut self.file, key, parse_lit_str(cx, value, "file")),
-            "code" => set(cx, &mut self.code, key, parse_lit_str(cx, value, "code")),
-            "module" => set(
+        match name {
+            Some(name) => {
+                self.written.push(name);
+                self.set_value(cx, name, key, value.unwrap_or_default());
+            }
+            None => self.unknown(cx, &key),
+        }
+    }
+
+    /// An unknown key: the error says which keys there are, or which one was probably meant (and
+    /// that one counts as written, so its absence is not a second error).
+    fn unknown(&mut self, cx: &Ctxt, key: &Key) {
+        let written = key.ident.to_string();
+        match KeyName::near(&written) {
+            Some(k) => {
+                self.written.push(k);
+                cx.error_spanned_by(
+                    &key.ident,
+                    format!("unknown key `{written}`; did you mean `{}`?", k.as_str()),
+                );
+            }
+            None => cx.error_spanned_by(
+                &key.ident,
+                format!("unknown key `{written}`; expected one of {}", keys()),
+            ),
+        }
+    }
+
+    fn set_value(&mut self, cx: &Ctxt, name: KeyName, key: Key, value: TokenStream) {
+        match name {
+            KeyName::File => set(cx, &mut self.file, key, parse_lit_str(cx, value, "file")),
+            KeyName::Code => set(cx, &mut self.code, key, parse_lit_str(cx, value, "code")),
+            KeyName::Module => set(
                 cx,
                 &mut self.module,
                 key,
                 parse_lit_str(cx, value, "module"),
             ),
-            "package" => set(
+            KeyName::Package => set(
                 cx,
                 &mut self.package,
                 key,
                 parse_lit_str(cx, value, "package"),
             ),
-            "name" => set(cx, &mut self.name, key, parse_lit_str(cx, value, "name")),
-            "numpy" => {
+            KeyName::Name => set(cx, &mut self.name, key, parse_lit_str(cx, value, "name")),
+            KeyName::Numpy => {
                 if !value.is_empty() {
                     cx.error_spanned_by(&value, "`numpy` takes no value: write `numpy` alone");
                 } else if self.numpy.is_some() {
@@ -146,40 +241,65 @@ impl Options {
                     self.numpy = Some(key);
                 }
             }
-            "tout" => set(cx, &mut self.tout, key, parse_tout(cx, value)),
-            "grad" => set(cx, &mut self.grad, key, parse_grad(cx, value)),
-            "timeout_ms" => {
-                let lit = syn::parse2::<LitInt>(value.clone())
-                    .ok()
-                    .filter(|l| l.base10_parse::<u64>().is_ok_and(|ms| ms > 0));
-                if lit.is_none() {
-                    cx.error_spanned_by(
-                        &value,
-                        "expected a positive number of milliseconds: `timeout_ms = 500`",
-                    );
-                }
-                set(cx, &mut self.timeout_ms, key, lit)
-            }
-            "crate" => {
-                let path =
-                    parse_lit_str(cx, value, "crate").and_then(|s| match s.parse::<syn::Path>() {
-                        Ok(p) => Some(p),
-                        Err(_) => {
-                            cx.error_spanned_by(
-                                &s,
-                                "expected a path: `crate = \"my_crate::pyop\"`",
-                            );
-                            None
-                        }
-                    });
-                set(cx, &mut self.krate, key, path)
-            }
-            _ => cx.error_spanned_by(
-                &key.ident,
-                format!("unknown key `{name}`; expected one of {KEYS}"),
-            ),
+            KeyName::Tout => set(cx, &mut self.tout, key, parse_tout(cx, value)),
+            KeyName::Grad => set(cx, &mut self.grad, key, parse_grad(cx, value)),
+            KeyName::TimeoutMs => set(cx, &mut self.timeout_ms, key, parse_timeout(cx, value)),
+            KeyName::Crate => set(cx, &mut self.krate, key, parse_crate(cx, value)),
         }
     }
+}
+
+/// `key`, `key = value` or an error: the key as written, which key it is, and the value.
+fn split_entry(
+    cx: &Ctxt,
+    entry: Vec<TokenTree>,
+) -> Option<(Key, Option<KeyName>, Option<TokenStream>)> {
+    let mut it = entry.into_iter();
+    let ident = match it.next() {
+        Some(TokenTree::Ident(i)) => i,
+        Some(other) => {
+            cx.error_spanned_by(&other, format!("expected a key, one of {}", keys()));
+            return None;
+        }
+        None => return None,
+    };
+    let key = Key { ident };
+    let rest: Vec<TokenTree> = it.collect();
+    let value = match rest.first() {
+        None => None,
+        Some(TokenTree::Punct(p)) if p.as_char() == '=' => {
+            Some(rest[1..].iter().cloned().collect::<TokenStream>())
+        }
+        Some(other) => {
+            cx.error_spanned_by(other, format!("expected `=` after `{}`", key.ident));
+            return None;
+        }
+    };
+    let name = KeyName::parse(&key.ident.to_string());
+    Some((key, name, value))
+}
+
+fn parse_timeout(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
+    let lit = syn::parse2::<LitInt>(value.clone())
+        .ok()
+        .filter(|l| l.base10_parse::<u64>().is_ok_and(|ms| ms > 0));
+    if lit.is_none() {
+        cx.error_spanned_by(
+            &value,
+            "expected a positive number of milliseconds: `timeout_ms = 500`",
+        );
+    }
+    lit
+}
+
+fn parse_crate(cx: &Ctxt, value: TokenStream) -> Option<syn::Path> {
+    parse_lit_str(cx, value, "crate").and_then(|s| match s.parse::<syn::Path>() {
+        Ok(p) => Some(p),
+        Err(_) => {
+            cx.error_spanned_by(&s, "expected a path: `crate = \"my_crate::pyop\"`");
+            None
+        }
+    })
 }
 
 fn set<T>(cx: &Ctxt, slot: &mut Option<Attr<T>>, key: Key, value: Option<T>) {
@@ -289,7 +409,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
                     like = Some(i.clone());
                     None
                 }
-                _ => Some(parse_shape(cx, g.stream(), g.span())?),
+                _ => Some(parse_shape(cx, g.stream())?),
             }
         }
         Some(other) => {
@@ -313,7 +433,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
     })
 }
 
-fn parse_shape(cx: &Ctxt, ts: TokenStream, span: Span) -> Option<Vec<Option<usize>>> {
+fn parse_shape(cx: &Ctxt, ts: TokenStream) -> Option<Vec<Option<usize>>> {
     let mut dims = Vec::new();
     let mut ok = true;
     for dim in split_commas(ts) {
@@ -339,7 +459,6 @@ fn parse_shape(cx: &Ctxt, ts: TokenStream, span: Span) -> Option<Vec<Option<usiz
             }
         }
     }
-    let _ = span;
     ok.then_some(dims)
 }
 
@@ -356,4 +475,25 @@ pub fn package_name(path: &str) -> String {
         .next()
         .unwrap_or(path)
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_keys() {
+        assert_eq!(edit_distance("tuot", "tout"), 2);
+        assert_eq!(KeyName::near("tuot"), Some(KeyName::Tout));
+        assert_eq!(KeyName::near("nmae"), Some(KeyName::Name));
+        assert_eq!(KeyName::near("timeout"), None);
+        assert_eq!(KeyName::near("xyz"), None);
+    }
+
+    #[test]
+    fn package_names() {
+        assert_eq!(package_name("py/mylib"), "mylib");
+        assert_eq!(package_name("py/mylib/"), "mylib");
+        assert_eq!(package_name("mylib"), "mylib");
+    }
 }

@@ -1,13 +1,25 @@
-//! Checks the options against the function.
+//! Checks the options against the function, one named rule each (as serde's `check.rs`); every
+//! mistake is reported, each on its own token.
 
 use proc_macro2::Span;
 
-use crate::ast::{Function, Returns};
-use crate::attr::Options;
+use crate::ast::{Function, ParamKind, Returns};
+use crate::attr::{KeyName, Options, Tout};
 use crate::ctxt::Ctxt;
 
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
-    // `module` may name a module inside a `package`; otherwise a body has exactly one source.
+    check_one_source(cx, opts);
+    check_package_module(cx, opts);
+    if let Some(tout) = tout_declared(cx, opts) {
+        check_tout_arity(cx, tout, f);
+        check_like_params(cx, tout, f);
+        check_numpy_dtypes(cx, opts, tout);
+    }
+}
+
+/// A body has exactly one source; `module` may name a module inside a `package`. A source key
+/// whose value was malformed is not also "missing".
+fn check_one_source(cx: &Ctxt, opts: &Options) {
     let module_alone = if opts.package.is_some() {
         &None
     } else {
@@ -18,9 +30,8 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         .flatten()
         .map(|a| &a.key)
         .collect();
-    let written = |k: &str| opts.written.iter().any(|w| w == k);
     match sources.as_slice() {
-        [] if ["file", "code", "module", "package"].iter().any(|k| written(k)) => {}
+        [] if KeyName::SOURCES.iter().any(|k| opts.written.contains(k)) => {}
         [] => cx.syn_error(syn::Error::new(
             Span::call_site(),
             "missing the body's source: give one of `file = \"ops/my_op.py\"`, `code = \"def ...\"`, `module = \"name\"` or `package = \"py/mylib\"`",
@@ -35,6 +46,10 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
             }
         }
     }
+}
+
+/// With `package`, `module` names the package or a module inside it.
+fn check_package_module(cx: &Ctxt, opts: &Options) {
     if let (Some(package), Some(module)) = (&opts.package, &opts.module) {
         let name = crate::attr::package_name(&package.value.value());
         let m = module.value.value();
@@ -45,74 +60,95 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
             );
         }
     }
-    let Some(tout) = &opts.tout else {
-        if written("tout") {
-            return;
+}
+
+/// `tout` is required (unless it was written with a malformed value, already reported).
+fn tout_declared<'o>(cx: &Ctxt, opts: &'o Options) -> Option<&'o Tout> {
+    match &opts.tout {
+        Some(t) => Some(&t.value),
+        None => {
+            if !opts.written.contains(&KeyName::Tout) {
+                cx.syn_error(syn::Error::new(
+                    Span::call_site(),
+                    "missing `tout`: declare the outputs, e.g. `tout = f32`, `tout = (f32, i64)` or `tout = ()`",
+                ));
+            }
+            None
         }
-        cx.syn_error(syn::Error::new(
-            Span::call_site(),
-            "missing `tout`: declare the outputs, e.g. `tout = f32`, `tout = (f32, i64)` or `tout = ()`",
-        ));
+    }
+}
+
+/// `tout` declares as many outputs as the return type has tensors.
+fn check_tout_arity(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
+    let Some(returns) = &f.returns else {
         return;
     };
-    let declared = tout.value.outputs.len();
-    if let Some(returns) = &f.returns {
-        let returned = returns.count();
-        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-        match (declared, returns) {
-            (0, Returns::Unit) => {}
-            (0, _) => cx.error_spanned_by(
-                &tout.value.tokens,
-                format!(
-                    "`tout = ()` declares no outputs but the function returns {}",
-                    plural(returned, "tensor")
-                ),
+    let declared = tout.outputs.len();
+    let returned = returns.count();
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    match (declared, returns) {
+        (0, Returns::Unit) => {}
+        (0, _) => cx.error_spanned_by(
+            &tout.tokens,
+            format!(
+                "`tout = ()` declares no outputs but the function returns {}",
+                plural(returned, "tensor")
             ),
-            (_, Returns::Unit) => cx.error_spanned_by(
-                &f.output,
-                format!(
-                    "the function returns `()` but `tout` declares {}",
-                    plural(declared, "output")
-                ),
+        ),
+        (_, Returns::Unit) => cx.error_spanned_by(
+            &f.output,
+            format!(
+                "the function returns `()` but `tout` declares {}",
+                plural(declared, "output")
             ),
-            (d, _) if d != returned => cx.error_spanned_by(
-                &tout.value.tokens,
-                format!(
-                    "`tout` has {} but the function returns {}",
-                    plural(d, "output"),
-                    plural(returned, "tensor")
-                ),
+        ),
+        (d, _) if d != returned => cx.error_spanned_by(
+            &tout.tokens,
+            format!(
+                "`tout` has {} but the function returns {}",
+                plural(d, "output"),
+                plural(returned, "tensor")
             ),
-            _ => {}
+        ),
+        _ => {}
+    }
+}
+
+/// `f32[x]` names a `&Tensor` parameter that is always given.
+fn check_like_params(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
+    for out in &tout.outputs {
+        let Some(like) = &out.like else {
+            continue;
+        };
+        match f.params.iter().find(|p| p.name == *like) {
+            Some(p) if p.kind == ParamKind::Tensor && p.optional => cx.error_spanned_by(
+                like,
+                format!("`{like}` is optional: `[{like}]` needs a tensor on every call"),
+            ),
+            Some(p) if p.kind == ParamKind::Tensor => {}
+            Some(_) => cx.error_spanned_by(
+                like,
+                format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one"),
+            ),
+            None => cx.error_spanned_by(
+                like,
+                format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"),
+            ),
         }
     }
-    for out in &tout.value.outputs {
-        if let Some(like) = &out.like {
-            match f.params.iter().find(|p| p.name == *like) {
-                Some(p) if p.kind == crate::ast::ParamKind::Tensor && p.optional => cx.error_spanned_by(
-                    like,
-                    format!("`{like}` is optional: `[{like}]` needs a tensor on every call"),
-                ),
-                Some(p) if p.kind == crate::ast::ParamKind::Tensor => {}
-                Some(_) => cx.error_spanned_by(
-                    like,
-                    format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one"),
-                ),
-                None => cx.error_spanned_by(
-                    like,
-                    format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"),
-                ),
-            }
-        }
+}
+
+/// Numpy mode returns only dtypes NumPy has.
+fn check_numpy_dtypes(cx: &Ctxt, opts: &Options, tout: &Tout) {
+    if opts.numpy.is_none() {
+        return;
     }
-    if opts.numpy.is_some() {
-        for out in &tout.value.outputs {
-            if !out.numpy_ok {
-                cx.error_spanned_by(
-                    &out.dtype,
-                    format!("NumPy has no dtype `{}`: numpy mode cannot return it; use tensor mode (drop `numpy`)", out.dtype),
-                );
-            }
+    for out in &tout.outputs {
+        if !out.numpy_ok {
+            cx.error_spanned_by(
+                &out.dtype,
+                format!("NumPy has no dtype `{}`: numpy mode cannot return it; use tensor mode (drop `numpy`)", out.dtype),
+            );
         }
     }
 }

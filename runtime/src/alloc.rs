@@ -5,26 +5,40 @@
 
 use std::alloc::Layout;
 
-/// Numeric types for which all-zero bytes are a valid value.
-pub(crate) trait Zeroable: Copy {}
+/// Plain numbers: all-zero bytes, and any bytes at all, are a valid value (what `bytemuck::Pod`
+/// promises).
+///
+/// # Safety
+/// Implement it only for types without padding, invalid bit patterns or drop glue.
+pub(crate) unsafe trait Pod: Copy {}
 
-impl Zeroable for u8 {}
-impl Zeroable for u32 {}
-impl Zeroable for i16 {}
-impl Zeroable for i32 {}
-impl Zeroable for i64 {}
-impl Zeroable for half::f16 {}
-impl Zeroable for half::bf16 {}
-impl Zeroable for f32 {}
-impl Zeroable for f64 {}
+// SAFETY: primitive integers and IEEE floats (half's are `repr(transparent)` over u16) accept
+// every bit pattern and have no padding.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for i16 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for i64 {}
+// SAFETY: as above.
+unsafe impl Pod for half::f16 {}
+// SAFETY: as above.
+unsafe impl Pod for half::bf16 {}
+// SAFETY: as above.
+unsafe impl Pod for f32 {}
+// SAFETY: as above.
+unsafe impl Pod for f64 {}
 
 /// `n` zeros, allocated with the layout `Vec<T>` frees with.
-pub(crate) fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
+pub(crate) fn zeroed<T: Pod>(n: usize) -> Vec<T> {
     let layout = Layout::array::<T>(n).expect("buffer size overflows");
     if layout.size() == 0 {
         return Vec::new();
     }
-    // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `T` (`Zeroable`); the
+    // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `T` (`Pod`); the
     // pointer comes from the global allocator with exactly the layout `Vec<T>` with capacity `n`
     // deallocates with, and holds `n` initialised elements.
     unsafe {
@@ -42,7 +56,7 @@ pub(crate) fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
 ///
 /// # Safety
 /// `src` must be readable for `n * size_of::<T>()` bytes.
-pub(crate) unsafe fn copied_from_bytes<T: Zeroable>(src: *const u8, n: usize) -> Vec<T> {
+pub(crate) unsafe fn copied_from_bytes<T: Pod>(src: *const u8, n: usize) -> Vec<T> {
     let layout = Layout::array::<T>(n).expect("buffer size overflows");
     if layout.size() == 0 {
         return Vec::new();

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Shape, Tensor};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 
@@ -37,25 +38,61 @@ pub(crate) fn dtype_name(d: &Bound<'_, PyArrayDescr>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Why a Python value did not become a tensor.
+#[derive(Debug)]
+pub(crate) enum ConversionError {
+    /// Nothing tensor-like (a dict, a str, None, …): what it is, as [`describe_value`] says.
+    NotTensorLike(String),
+    /// Tensor-like, but not of the dtype wanted, or a number that does not fit it, or a ragged
+    /// list.
+    Invalid(String),
+}
+
+impl From<String> for ConversionError {
+    fn from(msg: String) -> Self {
+        ConversionError::Invalid(msg)
+    }
+}
+
+impl std::fmt::Display for ConversionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConversionError::NotTensorLike(what) => write!(f, "cannot make a tensor from {what}"),
+            ConversionError::Invalid(msg) => f.write_str(msg),
+        }
+    }
+}
+
+/// In Python: `TypeError` for a value that is nothing tensor-like, `ValueError` for one that does
+/// not fit.
+impl From<ConversionError> for PyErr {
+    fn from(e: ConversionError) -> Self {
+        match e {
+            ConversionError::NotTensorLike(_) => PyTypeError::new_err(e.to_string()),
+            ConversionError::Invalid(msg) => PyValueError::new_err(msg),
+        }
+    }
+}
+
 /// Converts a Python value to a tensor (on the CPU, or where a `pyop.Tensor` already is).
 ///
 /// With `dtype`, a `pyop.Tensor` or NumPy array must have exactly that dtype (a bool array passes
 /// for u8) and numbers are fitted to it exactly; without, the dtype is the value's own, or f32 for
-/// floats, i64 for ints and u8 for bools. `Ok(None)`: the value is nothing tensor-like.
+/// floats, i64 for ints and u8 for bools.
 pub(crate) fn to_tensor(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
     dtype: Option<DType>,
-) -> std::result::Result<Option<Tensor>, String> {
+) -> std::result::Result<Tensor, ConversionError> {
     if let Ok(t) = value.cast::<PyTensor>() {
         let t = t.get().tensor().clone();
         return match dtype {
-            Some(d) if d != t.dtype() => Err(format!(
+            Some(d) if d != t.dtype() => Err(ConversionError::Invalid(format!(
                 "expected dtype {}, got a pyop.Tensor of dtype {}",
                 d.as_str(),
                 t.dtype().as_str()
-            )),
-            _ => Ok(Some(t)),
+            ))),
+            _ => Ok(t),
         };
     }
     // Exact Python numbers first (the common case); NumPy scalars before other numbers, since
@@ -67,7 +104,7 @@ pub(crate) fn to_tensor(
         if let Some(array) =
             as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))?
         {
-            return array_to_tensor(py, dtype, &array).map(Some);
+            return Ok(array_to_tensor(py, dtype, &array)?);
         }
     }
     let is_number =
@@ -81,9 +118,11 @@ pub(crate) fn to_tensor(
         for s in leaves {
             buf.push(s)?;
         }
-        return buf.into_tensor(&dims).map(Some).map_err(|e| e.to_string());
+        return buf
+            .into_tensor(&dims)
+            .map_err(|e| ConversionError::Invalid(e.to_string()));
     }
-    Ok(None)
+    Err(ConversionError::NotTensorLike(describe_value(value)))
 }
 
 pub(crate) fn infer_dtype(leaves: &[Scalar]) -> DType {
@@ -168,6 +207,7 @@ pub(crate) fn array_to_tensor(
     // The array is C-contiguous, of `n` elements of the dtype checked above, and `contiguous`
     // keeps it alive while we copy. It may be unaligned (np.frombuffer at an odd offset), so it
     // is copied as bytes, never read through a typed slice.
+    // SAFETY: reading the data pointer of a live array object.
     let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
     let shape = Shape::from(dims);
     let copy = move || -> candle_core::Result<Tensor> {

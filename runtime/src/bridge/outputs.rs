@@ -9,7 +9,7 @@ use crate::arg::Arg;
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::OutSpec;
 
-use super::numbers::{describe_value, to_tensor};
+use super::numbers::{describe_value, to_tensor, ConversionError};
 
 /// What a checked value is: one of a body's outputs, or one of a gradient function's results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,17 +139,18 @@ pub(crate) fn value_to_tensor(
 ) -> Result<Tensor> {
     let what = check.role;
     let tensor = match to_tensor(py, value, Some(spec.dtype)) {
-        Ok(Some(t)) => t,
-        Ok(None) => {
+        Ok(t) => t,
+        Err(ConversionError::NotTensorLike(got)) => {
             return Err(check.error(
                 Some(index),
                 format!(
-                    "{what} {index}: expected {spec} (a pyop.Tensor, NumPy array, number or list), got {}",
-                    describe_value(value)
+                    "{what} {index}: expected {spec} (a pyop.Tensor, NumPy array, number or list), got {got}"
                 ),
             ))
         }
-        Err(msg) => return Err(check.error(Some(index), format!("{what} {index}: {msg}"))),
+        Err(ConversionError::Invalid(msg)) => {
+            return Err(check.error(Some(index), format!("{what} {index}: {msg}")))
+        }
     };
     let shape_ok = match spec.like {
         Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),

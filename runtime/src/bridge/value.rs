@@ -4,7 +4,7 @@ use candle_core::Tensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use super::numbers::{describe_value, to_tensor};
+use super::numbers::{to_tensor, ConversionError};
 use super::tensor::PyTensor;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -119,12 +119,14 @@ pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Valu
             .map(Value::List);
     }
     match to_tensor(py, v, None) {
-        Ok(Some(t)) => Ok(Value::Tensor(t)),
-        Ok(None) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "a Rust function takes tensors, arrays, numbers, str, None and lists of them, not {}",
-            describe_value(v)
-        ))),
-        Err(msg) => Err(pyo3::exceptions::PyValueError::new_err(msg)),
+        Ok(t) => Ok(Value::Tensor(t)),
+        Err(ConversionError::NotTensorLike(what)) => {
+            Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "a Rust function takes tensors, arrays, numbers, str, None and lists of them, not \
+                 {what}"
+            )))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -82,6 +82,8 @@ pub(crate) fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
     if base.is_null() {
         return None;
     }
+    // SAFETY: `base` is the non-null base object of the live `array`, which holds a reference
+    // to it for as long as `array` lives; `from_borrowed_ptr` takes a new reference.
     let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
     let owner = base.cast::<PyTensor>().ok()?.get();
     let t = owner.tensor();

@@ -187,6 +187,7 @@ impl Drop for OpInner {
     fn drop(&mut self) {
         // Python references are released with the GIL held, now, rather than left to pyo3's
         // deferred pool: a dropped run-time op leaves nothing behind in Python.
+        // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
         if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
             Python::attach(|py| {
                 if self.owns_lines {

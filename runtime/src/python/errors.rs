@@ -8,7 +8,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyTracebackMethods;
 
-use super::describe;
+use super::exception_parts;
 use super::exceptions::{is_timeout, rust_error_kind};
 use crate::error::{Error, ErrorKind, IntoOpName};
 
@@ -36,16 +36,7 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
     } else {
         ErrorKind::Unknown
     };
-    let exception = err
-        .get_type(py)
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "Exception".to_owned());
-    let mut message = err
-        .value(py)
-        .str()
-        .map(|s| s.to_string())
-        .unwrap_or_default();
+    let (exception, mut message) = exception_parts(py, &err);
     if err.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
         message.push_str(&missing_package_hint(py, &err));
     }

@@ -32,6 +32,12 @@ pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// `TypeName: message` of a Python error, for messages that need no traceback.
 pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
+    let (ty, msg) = exception_parts(py, err);
+    format!("{ty}: {msg}")
+}
+
+/// The exception's type name and `str()` of it.
+pub(crate) fn exception_parts(py: Python<'_>, err: &PyErr) -> (String, String) {
     let ty = err
         .get_type(py)
         .name()
@@ -42,5 +48,5 @@ pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
         .str()
         .map(|s| s.to_string())
         .unwrap_or_default();
-    format!("{ty}: {msg}")
+    (ty, msg)
 }

@@ -2,12 +2,13 @@
 //! `where`.
 
 use candle_core::{DType, Tensor};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::device::current_device;
 use super::helpers::*;
 use super::PyTensor;
+use crate::bridge::numbers::to_tensor;
 
 /// `pyop.tensor(obj, dtype=None)`: a tensor from a number, a (nested) list, a NumPy array or a
 /// tensor, on the running op's device.
@@ -32,26 +33,13 @@ pub(super) fn tensor(
     }
     // NumPy arrays keep their own dtype, then convert (a requested dtype is a conversion here, not
     // a check as for outputs).
-    let t = match crate::bridge::numbers::to_tensor(py, obj, None) {
-        Ok(Some(t)) => t,
-        Ok(None) => {
-            return Err(PyTypeError::new_err(format!(
-                "cannot make a tensor from {}",
-                crate::bridge::numbers::describe_value(obj)
-            )))
-        }
-        Err(msg) => return Err(PyValueError::new_err(msg)),
-    };
+    let t = to_tensor(py, obj, None)?;
     let t = match dtype {
         Some(d) if d != t.dtype() => {
             if obj.cast::<numpy::PyUntypedArray>().is_ok() {
                 t.to_dtype(d).map_err(value_error)?
             } else {
-                match crate::bridge::numbers::to_tensor(py, obj, Some(d)) {
-                    Ok(Some(t)) => t,
-                    Ok(None) => unreachable!("converted above"),
-                    Err(msg) => return Err(PyValueError::new_err(msg)),
-                }
+                to_tensor(py, obj, Some(d))?
             }
         }
         _ => t,

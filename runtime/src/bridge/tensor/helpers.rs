@@ -11,6 +11,7 @@ use crate::error::candle_message;
 use crate::spec::with_numpy_element;
 
 use super::PyTensor;
+use crate::bridge::numbers::{to_tensor, ConversionError};
 
 /// Tensors at least this large are computed with the GIL released.
 pub(super) const RELEASE_GIL_AT: usize = 1 << 15;
@@ -178,12 +179,10 @@ impl PyTensor {
             }
             return Ok(Some(o.clone()));
         }
-        match crate::bridge::numbers::to_tensor(py, other, Some(self.tensor.dtype())) {
-            Ok(Some(t)) => Ok(Some(
-                t.to_device(self.tensor.device()).map_err(value_error)?,
-            )),
-            Ok(None) => Ok(None),
-            Err(msg) => Err(PyValueError::new_err(msg)),
+        match to_tensor(py, other, Some(self.tensor.dtype())) {
+            Ok(t) => Ok(Some(t.to_device(self.tensor.device()).map_err(value_error)?)),
+            Err(ConversionError::NotTensorLike(_)) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 

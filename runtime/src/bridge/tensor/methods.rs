@@ -292,7 +292,7 @@ impl PyTensor {
     fn sigmoid(&self, py: Python<'_>) -> PyResult<PyTensor> {
         self.math(py, "sigmoid", sigmoid)
     }
-    /// Beyond the issue's list: `erf`, `gelu`, `silu`, `floor`, `ceil`, `round`, `sign`, `recip`.
+    /// The error function.
     fn erf(&self, py: Python<'_>) -> PyResult<PyTensor> {
         self.math(py, "erf", |t| t.erf())
     }
@@ -550,7 +550,13 @@ impl PyTensor {
         dtype: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = copy;
+        // NumPy 2's contract: `copy=False` asks for no copy, and this always copies.
+        if copy == Some(false) {
+            return Err(PyValueError::new_err(
+                "a pyop.Tensor cannot become a NumPy array without a copy; call np.asarray(x) or \
+                 x.numpy(), which copy",
+            ));
+        }
         let a = to_numpy(py, &self.tensor)?;
         match dtype.filter(|d| !d.is_none()) {
             Some(d) => a.call_method1("astype", (d,)),

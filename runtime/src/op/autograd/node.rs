@@ -29,7 +29,7 @@ impl CustomOp1 for Node {
         "pyop"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let Slot::Cpu(slot) = &self.slot else {
             candle_core::bail!("pyop: op `{}` computed on another device", self.op.name())
         };
@@ -37,7 +37,6 @@ impl CustomOp1 for Node {
         let Some(storage) = storage else {
             candle_core::bail!("pyop: op `{}` forward ran twice", self.op.name())
         };
-        let _ = layout;
         Ok((storage, self.out_shape.clone()))
     }
 
