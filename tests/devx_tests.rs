@@ -330,3 +330,36 @@ fn declarations_return_candle_or_anyhow_results() {
     assert_eq!(pyop_err.kind(), ErrorKind::InvalidArgument);
     assert!(err.to_string().contains("ValueError: no good"), "{err}");
 }
+
+/// The files a `package` embeds (walked by the macro) and those the runtime reads for
+/// `OpBuilder::package` and hot reload (walked by the runtime) are the same: one skip rule.
+#[test]
+fn one_package_walk_rule_at_compile_and_run_time() {
+    let files = |source: &pyop::Source| -> Vec<String> {
+        match source {
+            pyop::Source::Package { files, .. } => {
+                files.iter().map(|(path, _)| path.to_string()).collect()
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let embedded = files(
+        &pyop::registered_op("devx_tests::lib_fn")
+            .unwrap()
+            .decl()
+            .source(),
+    );
+    let op = PyOp::builder("lib_fn")
+        .package("tests/py/mylib", "mylib")
+        .unwrap()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let read = files(op.source().unwrap());
+    assert_eq!(embedded, read);
+    assert!(embedded.iter().any(|f| f == "sub/deep.py"), "{embedded:?}");
+    assert!(
+        !embedded.iter().any(|f| f.contains("checkpoint")),
+        "dot-folders are skipped: {embedded:?}"
+    );
+}

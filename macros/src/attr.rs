@@ -497,3 +497,46 @@ mod tests {
         assert_eq!(package_name("mylib"), "mylib");
     }
 }
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use quote::quote;
+
+    fn tout(ts: TokenStream) -> (Option<Tout>, Result<(), syn::Error>) {
+        let cx = Ctxt::new();
+        let t = parse_tout(&cx, ts);
+        (t, cx.check())
+    }
+
+    #[test]
+    fn shapes_and_tuples() {
+        let (t, ok) = tout(quote!(f32[_, 3]));
+        ok.unwrap();
+        let out = &t.unwrap().outputs[0];
+        assert_eq!(out.variant, "F32");
+        assert_eq!(out.shape, Some(vec![None, Some(3)]));
+        let (t, ok) = tout(quote!((f64, i64[], u8[x])));
+        ok.unwrap();
+        let t = t.unwrap();
+        assert_eq!(t.outputs.len(), 3);
+        assert_eq!(t.outputs[1].shape, Some(vec![]));
+        assert_eq!(t.outputs[2].like.as_ref().unwrap().to_string(), "x");
+        let (t, ok) = tout(quote!(()));
+        ok.unwrap();
+        assert!(t.unwrap().outputs.is_empty());
+    }
+
+    #[test]
+    fn mistakes() {
+        let (_, err) = tout(quote!(float32));
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .starts_with("unknown dtype `float32`"));
+        let (_, err) = tout(quote!(f32[2.5]));
+        assert!(err.unwrap_err().to_string().starts_with("malformed shape"));
+        let (_, err) = tout(quote!(bf16));
+        err.unwrap(); // valid for tensor mode; numpy mode rejects it in `valid`
+    }
+}

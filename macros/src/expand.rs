@@ -56,6 +56,15 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     });
     let krate = krate.unwrap_or_else(|| quote!(::pyop));
     let p = quote!(#krate::__private);
+    let source = match source_tokens(&p, opts) {
+        Ok(tokens) => tokens,
+        // A package folder that cannot be read: the error, and the function still declared.
+        Err(e) => {
+            let err = e.to_compile_error();
+            let fallback = fallback(item);
+            return quote!(#err #fallback);
+        }
+    };
     let attrs = &item.attrs;
     let vis = &item.vis;
     let sig = &item.sig;
@@ -66,77 +75,14 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         .as_ref()
         .map(|a| a.value.value())
         .unwrap_or_else(|| name.clone());
-
-    let source = if let Some(file) = &opts.file {
-        let lit = &file.value;
-        let path = lit.value();
-        let joined = quote_spanned!(lit.span()=> ::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #lit));
-        let include = quote_spanned!(lit.span()=> ::core::include_str!(#joined));
-        quote!(#p::SourceDecl::File { path: #path, abs: #joined, text: #include })
-    } else if let Some(package) = &opts.package {
-        match package_source(
-            &p,
-            &package.value,
-            opts.module.as_ref().map(|m| m.value.value()),
-        ) {
-            Ok(tokens) => tokens,
-            Err(e) => return e.to_compile_error(),
-        }
-    } else if let Some(code) = &opts.code {
-        let lit = &code.value;
-        let line = quote_spanned!(lit.span()=> ::core::line!());
-        // Python's line n is the `.rs` file's line `line + n - 1` unless escapes (`\n`, a `\`
-        // at a line's end) make the literal's text span other lines than its value.
-        let lines_match =
-            lit.value().matches('\n').count() == lit.token().to_string().matches('\n').count();
-        quote!(#p::SourceDecl::Code { text: #lit, line: #line, lines_match: #lines_match })
-    } else {
-        let lit = &opts.module.as_ref().expect("validated: one source").value;
-        quote!(#p::SourceDecl::Module(#lit))
-    };
     let mode = if opts.numpy.is_some() {
         quote!(#p::Mode::Numpy)
     } else {
         quote!(#p::Mode::Tensor)
     };
-    let tout = opts
-        .tout
-        .as_ref()
-        .expect("validated")
-        .value
-        .outputs
-        .iter()
-        .map(|o| {
-            let v = format_ident!("{}", o.variant, span = o.dtype.span());
-            if let Some(like) = &o.like {
-                // The parameter's index among those passed to Python (validated: a `&Tensor`).
-                let index = f
-                    .params
-                    .iter()
-                    .filter(|x| x.kind != ParamKind::Device)
-                    .position(|x| x.name == *like)
-                    .unwrap_or(0);
-                return quote!(#p::OutSpec::like(#p::DType::#v, #index));
-            }
-            match &o.shape {
-                None => quote!(#p::OutSpec::new(#p::DType::#v)),
-                Some(dims) => {
-                    let dims = dims.iter().map(|d| match d {
-                        Some(n) => quote!(::core::option::Option::Some(#n)),
-                        None => quote!(::core::option::Option::None),
-                    });
-                    quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
-                }
-            }
-        });
-    let grad = match opts.grad.as_ref().map(|a| &a.value) {
-        None => quote!(::core::option::Option::None),
-        Some(Grad::Python(s)) => quote!(::core::option::Option::Some(#p::GradDecl::Python(#s))),
-        Some(Grad::Rust(path)) => {
-            let text = quote!(#path).to_string().replace(' ', "");
-            quote!(::core::option::Option::Some(#p::GradDecl::Rust(#path, #text)))
-        }
-    };
+    let tout = tout_tokens(&p, opts, f);
+    let n_out = tout.len();
+    let grad = grad_tokens(&p, opts);
     let timeout = match &opts.timeout_ms {
         None => quote!(::core::option::Option::None),
         Some(a) => {
@@ -161,7 +107,6 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let n_out = opts.tout.as_ref().expect("validated").value.outputs.len();
     let line_span = ident.span();
     let line = quote_spanned!(line_span=> ::core::line!());
     quote! {
@@ -192,6 +137,80 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             }
             let __pyop_outputs = __PYOP_OP.__call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
+        }
+    }
+}
+
+/// The `SourceDecl` of the declaration's source.
+fn source_tokens(p: &TokenStream, opts: &Options) -> syn::Result<TokenStream> {
+    Ok(if let Some(file) = &opts.file {
+        let lit = &file.value;
+        let path = lit.value();
+        let joined = quote_spanned!(lit.span()=> ::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #lit));
+        let include = quote_spanned!(lit.span()=> ::core::include_str!(#joined));
+        quote!(#p::SourceDecl::File { path: #path, abs: #joined, text: #include })
+    } else if let Some(package) = &opts.package {
+        package_source(
+            p,
+            &package.value,
+            opts.module.as_ref().map(|m| m.value.value()),
+        )?
+    } else if let Some(code) = &opts.code {
+        let lit = &code.value;
+        let line = quote_spanned!(lit.span()=> ::core::line!());
+        // Python's line n is the `.rs` file's line `line + n - 1` unless escapes (`\n`, a `\`
+        // at a line's end) make the literal's text span other lines than its value.
+        let lines_match =
+            lit.value().matches('\n').count() == lit.token().to_string().matches('\n').count();
+        quote!(#p::SourceDecl::Code { text: #lit, line: #line, lines_match: #lines_match })
+    } else {
+        let lit = &opts.module.as_ref().expect("validated: one source").value;
+        quote!(#p::SourceDecl::Module(#lit))
+    })
+}
+
+/// One `OutSpec` per declared output.
+fn tout_tokens(p: &TokenStream, opts: &Options, f: &Function<'_>) -> Vec<TokenStream> {
+    opts.tout
+        .as_ref()
+        .expect("validated")
+        .value
+        .outputs
+        .iter()
+        .map(|o| {
+            let v = format_ident!("{}", o.variant, span = o.dtype.span());
+            if let Some(like) = &o.like {
+                // The parameter's index among those passed to Python (validated: a `&Tensor`).
+                let index = f
+                    .params
+                    .iter()
+                    .filter(|x| x.kind != ParamKind::Device)
+                    .position(|x| x.name == *like)
+                    .unwrap_or(0);
+                return quote!(#p::OutSpec::like(#p::DType::#v, #index));
+            }
+            match &o.shape {
+                None => quote!(#p::OutSpec::new(#p::DType::#v)),
+                Some(dims) => {
+                    let dims = dims.iter().map(|d| match d {
+                        Some(n) => quote!(::core::option::Option::Some(#n)),
+                        None => quote!(::core::option::Option::None),
+                    });
+                    quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
+                }
+            }
+        })
+        .collect()
+}
+
+/// The `GradDecl`, if a gradient is declared.
+fn grad_tokens(p: &TokenStream, opts: &Options) -> TokenStream {
+    match opts.grad.as_ref().map(|a| &a.value) {
+        None => quote!(::core::option::Option::None),
+        Some(Grad::Python(s)) => quote!(::core::option::Option::Some(#p::GradDecl::Python(#s))),
+        Some(Grad::Rust(path)) => {
+            let text = quote!(#path).to_string().replace(' ', "");
+            quote!(::core::option::Option::Some(#p::GradDecl::Rust(#path, #text)))
         }
     }
 }
@@ -233,6 +252,9 @@ fn package_source(
     )
 }
 
+/// The `.py` files of a package folder, skipping `__pycache__` and dot-folders: the rule of the
+/// runtime's `body::package::walk`, which this proc-macro crate cannot call (`tests/devx_tests.rs`
+/// checks that both list the same files).
 fn collect_py(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;

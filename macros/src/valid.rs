@@ -132,7 +132,9 @@ fn check_like_params(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
             ),
             None => cx.error_spanned_by(
                 like,
-                format!("no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"),
+                format!(
+                    "no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"
+                ),
             ),
         }
     }

@@ -179,3 +179,41 @@ pub(crate) use with_numpy_element;
 pub fn numpy_can_hold(dtype: DType) -> bool {
     with_numpy_element!(dtype, _T => true, _ => false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tout_is_written_as_the_macro_accepts_it() {
+        assert_eq!(tout_to_string(&[OutSpec::new(DType::F32)]), "f32");
+        assert_eq!(tout_to_string(&[]), "()");
+        let two = [
+            OutSpec::new(DType::F32),
+            OutSpec::with_shape(DType::I64, &[None, Some(2)]),
+        ];
+        assert_eq!(tout_to_string(&two), "(f32, i64[_, 2])");
+        assert_eq!(OutSpec::shaped(DType::F64, vec![]).to_string(), "f64[]");
+        assert_eq!(
+            OutSpec::like(DType::F32, 1).to_string(),
+            "f32[like argument 1]"
+        );
+    }
+
+    #[test]
+    fn shapes_match_with_wildcards() {
+        let s = OutSpec::with_shape(DType::F32, &[None, Some(3)]);
+        assert!(s.shape_matches(&[7, 3]));
+        assert!(!s.shape_matches(&[7, 4]));
+        assert!(!s.shape_matches(&[3]));
+        assert!(OutSpec::new(DType::F32).shape_matches(&[1, 2, 3]));
+        assert!(OutSpec::shaped(DType::F32, vec![]).shape_matches(&[]));
+    }
+
+    #[test]
+    fn numpy_holds_what_it_has_names_for() {
+        assert!(numpy_can_hold(DType::F16));
+        assert!(!numpy_can_hold(DType::BF16));
+        assert!(!numpy_can_hold(DType::F8E4M3));
+    }
+}

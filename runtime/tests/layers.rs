@@ -60,8 +60,10 @@ fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
         .collect()
 }
 
-/// The code of a file without comments (doc links are not dependencies).
+/// The code of a file without comments (doc links are not dependencies) and without its unit
+/// tests (`#[cfg(test)] mod tests` closes each file; its `super::` is the file itself).
 fn code(text: &str) -> String {
+    let text = text.find("#[cfg(test)]\nmod ").map_or(text, |i| &text[..i]);
     text.lines()
         .map(|l| match l.find("//") {
             Some(i) if !l[..i].contains('"') => &l[..i],

@@ -403,3 +403,54 @@ pub(crate) fn show(s: Scalar) -> String {
         Scalar::Float(f) => format!("the float {f:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fits(dtype: DType, s: Scalar) -> std::result::Result<(), String> {
+        Buffer::new(dtype).push(s)
+    }
+
+    #[test]
+    fn integers_fit_exactly_or_not_at_all() {
+        assert!(fits(DType::U8, Scalar::Int(255)).is_ok());
+        let err = fits(DType::U8, Scalar::Int(256)).unwrap_err();
+        assert_eq!(err, "the int 256 does not fit dtype u8 exactly");
+        assert!(fits(DType::U8, Scalar::Int(-1)).is_err());
+        assert!(fits(DType::I64, Scalar::UInt(u64::MAX)).is_err());
+        assert!(fits(DType::U32, Scalar::Float(3.0)).is_ok());
+        assert!(fits(DType::I32, Scalar::Float(3.5)).is_err());
+        // No saturation at the edges: -2^63 fits i64, -1e19 does not.
+        assert!(fits(DType::I64, Scalar::Float(i64::MIN as f64)).is_ok());
+        assert!(fits(DType::I64, Scalar::Float(-1e19)).is_err());
+        assert!(fits(DType::I64, Scalar::Float(f64::NAN)).is_err());
+    }
+
+    #[test]
+    fn floats_round_but_integers_must_be_exact() {
+        assert!(fits(DType::F32, Scalar::Float(0.1)).is_ok());
+        assert!(fits(DType::F32, Scalar::Int(1 << 24)).is_ok());
+        assert!(fits(DType::F32, Scalar::Int((1 << 24) + 1)).is_err());
+        assert!(fits(DType::F16, Scalar::Int(2048)).is_ok());
+        assert!(fits(DType::F16, Scalar::Int(2049)).is_err());
+        assert!(fits(DType::F64, Scalar::Bool(true)).is_ok());
+    }
+
+    #[test]
+    fn buffers_become_tensors_of_their_dtype() {
+        let mut b = Buffer::new(DType::I32);
+        for i in 0..6 {
+            b.push(Scalar::Int(i)).unwrap();
+        }
+        let t = b.into_tensor(&[2, 3]).unwrap();
+        assert_eq!(t.dtype(), DType::I32);
+        assert_eq!(t.to_vec2::<i32>().unwrap(), [[0, 1, 2], [3, 4, 5]]);
+        assert_eq!(
+            infer_dtype(&[Scalar::Int(1), Scalar::Float(2.)]),
+            DType::F32
+        );
+        assert_eq!(infer_dtype(&[Scalar::Bool(true)]), DType::U8);
+        assert_eq!(infer_dtype(&[Scalar::Int(1)]), DType::I64);
+    }
+}

@@ -180,7 +180,9 @@ impl PyTensor {
             return Ok(Some(o.clone()));
         }
         match to_tensor(py, other, Some(self.tensor.dtype())) {
-            Ok(t) => Ok(Some(t.to_device(self.tensor.device()).map_err(value_error)?)),
+            Ok(t) => Ok(Some(
+                t.to_device(self.tensor.device()).map_err(value_error)?,
+            )),
             Err(ConversionError::NotTensorLike(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }

@@ -173,35 +173,7 @@ impl Node {
             .iter()
             .filter(|a| matches!(a, Arg::Tensor(_) | Arg::Tensors(_)))
             .collect();
-        let entries: Vec<Bound<'_, PyAny>> = match (tensor_args.as_slice(), seq(returned)) {
-            ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
-            ([Arg::Tensor(_)], _) => vec![returned.clone()],
-            // A single list argument: its tuple of entries, bare or as the only entry.
-            ([Arg::Tensors(ts)], Some(items)) if items.len() == ts.len() && ts.len() != 1 => {
-                vec![returned.clone()]
-            }
-            (_, Some(items)) if items.len() == tensor_args.len() => items,
-            (_, Some(items)) => {
-                return Err(mismatch(
-                    None,
-                    format!(
-                        "expected {} gradients (one per tensor argument), got {}",
-                        tensor_args.len(),
-                        items.len()
-                    ),
-                ))
-            }
-            (_, None) => {
-                return Err(mismatch(
-                    None,
-                    format!(
-                        "expected a tuple of {} gradients, got {}",
-                        tensor_args.len(),
-                        crate::bridge::numbers::describe_value(returned)
-                    ),
-                ))
-            }
-        };
+        let entries = gradient_entries(returned, &tensor_args, &mismatch)?;
         let mut out = Vec::with_capacity(self.prepared.len());
         let mut flat_index = 0;
         for (arg, entry) in tensor_args.iter().zip(entries) {
@@ -247,6 +219,44 @@ impl Node {
         }
         Ok(out)
     }
+}
+
+/// One entry per tensor argument of what a Python gradient returned: a tuple or list of them,
+/// or a bare value when the op has one tensor argument.
+fn gradient_entries<'py>(
+    returned: &Bound<'py, PyAny>,
+    tensor_args: &[&Arg<'_>],
+    mismatch: &dyn Fn(Option<usize>, String) -> Error,
+) -> Result<Vec<Bound<'py, PyAny>>> {
+    Ok(match (tensor_args, seq(returned)) {
+        ([Arg::Tensor(_)], Some(items)) if items.len() == 1 => items,
+        ([Arg::Tensor(_)], _) => vec![returned.clone()],
+        // A single list argument: its tuple of entries, bare or as the only entry.
+        ([Arg::Tensors(ts)], Some(items)) if items.len() == ts.len() && ts.len() != 1 => {
+            vec![returned.clone()]
+        }
+        (_, Some(items)) if items.len() == tensor_args.len() => items,
+        (_, Some(items)) => {
+            return Err(mismatch(
+                None,
+                format!(
+                    "expected {} gradients (one per tensor argument), got {}",
+                    tensor_args.len(),
+                    items.len()
+                ),
+            ))
+        }
+        (_, None) => {
+            return Err(mismatch(
+                None,
+                format!(
+                    "expected a tuple of {} gradients, got {}",
+                    tensor_args.len(),
+                    crate::bridge::numbers::describe_value(returned)
+                ),
+            ))
+        }
+    })
 }
 
 fn seq<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {

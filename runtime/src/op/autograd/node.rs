@@ -82,7 +82,16 @@ impl Node {
                 ),
             ));
         };
-        // The gradient arriving at each output, in the output's dtype; zeros for integer outputs.
+        let grads = self.unpack_output_grads(grad_res)?;
+        let input_grads = match gradient {
+            Gradient::Rust(f) => self.rust_gradient(*f, &grads)?,
+            Gradient::Python(f) => self.python_gradient(f, &grads)?,
+        };
+        self.pack_input_grads(&input_grads, grad_res.device())
+    }
+
+    /// The gradient arriving at each output, in the output's dtype; zeros for integer outputs.
+    fn unpack_output_grads(&self, grad_res: &Tensor) -> Result<Vec<Tensor>> {
         let mut grads = Vec::with_capacity(self.outputs.len());
         let mut offset = 0;
         for (j, y) in self.outputs.iter().enumerate() {
@@ -93,12 +102,16 @@ impl Node {
                 grads.push(y.zeros_like()?);
             }
         }
-        let input_grads = match gradient {
-            Gradient::Rust(f) => self.rust_gradient(*f, &grads)?,
-            Gradient::Python(f) => self.python_gradient(f, &grads)?,
-        };
-        // Pack the tracked inputs' gradients like `packed_in`.
-        let device = grad_res.device();
+        Ok(grads)
+    }
+
+    /// The tracked inputs' gradients packed like `packed_in` (the one input's shape, or flat and
+    /// concatenated); `None` when the gradient gave none.
+    fn pack_input_grads(
+        &self,
+        input_grads: &[Option<Tensor>],
+        device: &candle_core::Device,
+    ) -> Result<Option<Tensor>> {
         let mut parts = Vec::with_capacity(self.tracked_in.len());
         let mut any = false;
         for &i in &self.tracked_in {
@@ -120,7 +133,6 @@ impl Node {
         if !any {
             return Ok(None);
         }
-        // Shaped like `packed_in`: the one input's shape, or flat and concatenated.
         Ok(Some(match parts.len() {
             1 => {
                 let g = parts.pop().expect("one");
@@ -141,7 +153,6 @@ impl Node {
     }
 }
 
-/// An owned argument, kept for the backward pass.
 /// What a node keeps of a plain (non-tensor) argument, to pass it to the gradient again.
 #[derive(Clone, Debug)]
 pub(super) enum SavedArg {

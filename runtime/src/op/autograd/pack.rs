@@ -69,3 +69,34 @@ pub(super) enum Slot {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Device(Tensor),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn one_tensor_keeps_its_shape() {
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &Device::Cpu).unwrap();
+        let p = pack([&x].into_iter(), DType::F32).unwrap();
+        assert_eq!(p.dims(), [2, 2]);
+        let p64 = pack([&x].into_iter(), DType::F64).unwrap();
+        assert_eq!(p64.dtype(), DType::F64);
+        // Unpacked like `x`: same shape and dtype, same values.
+        let back = unpack(&p64.flatten_all().unwrap(), 0, &x).unwrap();
+        assert_eq!(back.dtype(), DType::F32);
+        assert_eq!(back.to_vec2::<f32>().unwrap(), [[1., 2.], [3., 4.]]);
+    }
+
+    #[test]
+    fn several_tensors_are_flattened_and_concatenated() {
+        let a = Tensor::new(&[[1f32, 2.], [3., 4.]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[5f64, 6., 7.], &Device::Cpu).unwrap();
+        let p = pack([&a, &b].into_iter(), DType::F64).unwrap();
+        assert_eq!(p.to_vec1::<f64>().unwrap(), [1., 2., 3., 4., 5., 6., 7.]);
+        let a2 = unpack(&p, 0, &a).unwrap();
+        let b2 = unpack(&p, 4, &b).unwrap();
+        assert_eq!(a2.to_vec2::<f32>().unwrap(), [[1., 2.], [3., 4.]]);
+        assert_eq!(b2.to_vec1::<f64>().unwrap(), [5., 6., 7.]);
+    }
+}
