@@ -75,11 +75,18 @@ fn child(scenario: &str) {
                 .clone()
                 .expect("the installation's python");
             assert!(exe.is_absolute(), "{exe:?}");
+            // PYOP_PYTHON_ENV=none asked for the interpreter's own packages: install there.
             assert!(
-                text.contains(&format!("`{} -m venv .venv`", exe.display())),
+                text.contains(&format!(
+                    "`{} -m pip install numpy` (PYOP_PYTHON_ENV=none",
+                    exe.display()
+                )),
                 "{text}"
             );
-            assert!(!text.contains("`python3 -m pip"), "{text}");
+            assert!(
+                !text.contains("`python3 -m pip") && !text.contains("-m venv"),
+                "{text}"
+            );
         }
         "no_numpy" => {
             let err = total(&x).unwrap_err();

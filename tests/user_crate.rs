@@ -151,15 +151,14 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     // cargo resolves whatever the lock file does not cover).
     std::fs::copy(repo().join("Cargo.lock"), app.join("Cargo.lock")).unwrap();
 
-    // Step 4, as written, with `python3` being the interpreter of this run.
+    // Step 4, as written, with `PYO3_PYTHON` set as step 1 says for a pinned interpreter.
     for line in blocks["setup"].lines().filter(|l| !l.trim().is_empty()) {
-        let line = match exe {
-            Some(exe) => line.replacen("python3 ", &format!("{} ", exe.display()), 1),
-            None => line.to_owned(),
-        };
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", &line]).current_dir(&app);
-        run(&format!("[{tag}] {line}"), clean(cmd));
+        let mut cmd = clean(Command::new("sh"));
+        cmd.args(["-c", line]).current_dir(&app);
+        if let Some(exe) = exe {
+            cmd.env("PYO3_PYTHON", exe);
+        }
+        run(&format!("[{tag}] {line}"), cmd);
     }
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

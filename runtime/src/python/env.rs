@@ -96,9 +96,18 @@ impl PythonEnv {
                 root.display(),
                 venv_python(root).display()
             ),
+            // `PYOP_PYTHON_ENV=none`: the interpreter's own packages, by request.
+            (None, _) if std::env::var_os("PYOP_PYTHON_ENV").is_some_and(|v| v == "none") => {
+                format!(
+                    "`{} -m pip install {package}` (PYOP_PYTHON_ENV=none: the interpreter's own \
+                     site-packages)",
+                    self.running_executable()
+                )
+            }
             (None, _) => format!(
-                "`{exe} -m venv .venv` then `{} -m pip install {package}` (or install it into the \
-                 interpreter's own site-packages: `{exe} -m pip install {package}`)",
+                "`{exe} -m venv .venv` then `{} -m pip install {package}` in the program's folder \
+                 (or install it into the interpreter's own site-packages: `{exe} -m pip install \
+                 {package}`)",
                 venv_python(Path::new(".venv")).display(),
                 exe = self.running_executable()
             ),
@@ -458,7 +467,7 @@ fn environment_problem(
         .unwrap_or_else(|| format!("python{}", major_minor(&running.version)));
     let recreate = format!(
         "recreate it with the embedded interpreter, `{exe} -m venv --clear {}`, then reinstall \
-         its packages (`{} -m pip install numpy …`)",
+         its packages, e.g. `{} -m pip install numpy`",
         root.display(),
         venv_python(root).display()
     );
