@@ -8,7 +8,7 @@ use super::numbers::{to_tensor, ConversionError};
 use super::tensor::PyTensor;
 use crate::error::{Error, ErrorKind, Result};
 
-/// A value passed between a body and an exposed Rust function ([`expose`]).
+/// A value passed between a body and an exposed Rust function ([`expose`](crate::expose)).
 ///
 /// ```
 /// use pyop::Value;

@@ -188,7 +188,7 @@ impl OpBuilder {
         self
     }
 
-    /// A time limit for every call (see [`CallOptions::timeout`] for one call).
+    /// A time limit for every call (see [`CallOptions::timeout`](crate::CallOptions::timeout) for one call).
     pub fn timeout(mut self, limit: Duration) -> Self {
         self.timeout = Some(limit);
         self

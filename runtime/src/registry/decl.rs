@@ -14,7 +14,7 @@ use crate::op::{builder::OpBuilder, CallOptions, PyOp};
 use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
-/// An op as `#[py_op]` declared it: read it with the accessors; [`registered_ops`] lists them
+/// An op as `#[py_op]` declared it: read it with the accessors; [`registered_ops`](crate::registered_ops) lists them
 /// all.
 #[derive(Debug)]
 pub struct OpDecl(OpDeclParts);
