@@ -32,11 +32,20 @@ unsafe impl Pod for f32 {}
 // SAFETY: as above.
 unsafe impl Pod for f64 {}
 
-/// `n` zeros, allocated with the layout `Vec<T>` frees with.
-pub(crate) fn zeroed<T: Pod>(n: usize) -> Vec<T> {
-    let layout = Layout::array::<T>(n).expect("buffer size overflows");
+/// Why a buffer could not be made: the message of a `MemoryError`.
+pub(crate) fn no_memory(n: usize, size: usize) -> String {
+    format!(
+        "Unable to allocate {:.2} GiB for {n} elements",
+        (n as f64) * (size as f64) / (1u64 << 30) as f64
+    )
+}
+
+/// `n` zeros, allocated with the layout `Vec<T>` frees with; `None` when the memory cannot be
+/// had (never an abort).
+pub(crate) fn zeroed<T: Pod>(n: usize) -> Option<Vec<T>> {
+    let layout = Layout::array::<T>(n).ok()?;
     if layout.size() == 0 {
-        return Vec::new();
+        return Some(Vec::new());
     }
     // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `T` (`Pod`); the
     // pointer comes from the global allocator with exactly the layout `Vec<T>` with capacity `n`
@@ -44,33 +53,34 @@ pub(crate) fn zeroed<T: Pod>(n: usize) -> Vec<T> {
     unsafe {
         let ptr = std::alloc::alloc_zeroed(layout);
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return None;
         }
         advise_huge_pages(ptr, layout.size());
-        Vec::from_raw_parts(ptr.cast::<T>(), n, n)
+        Some(Vec::from_raw_parts(ptr.cast::<T>(), n, n))
     }
 }
 
 /// A `Vec` of `n` elements copied from `n * size_of::<T>()` bytes at `src`, which need not be
-/// aligned. The buffer gets the same huge-page advice as [`zeroed`] and is written once.
+/// aligned, or `None` when the memory cannot be had. The buffer gets the same huge-page advice as
+/// [`zeroed`] and is written once.
 ///
 /// # Safety
 /// `src` must be readable for `n * size_of::<T>()` bytes.
-pub(crate) unsafe fn copied_from_bytes<T: Pod>(src: *const u8, n: usize) -> Vec<T> {
-    let layout = Layout::array::<T>(n).expect("buffer size overflows");
+pub(crate) unsafe fn copied_from_bytes<T: Pod>(src: *const u8, n: usize) -> Option<Vec<T>> {
+    let layout = Layout::array::<T>(n).ok()?;
     if layout.size() == 0 {
-        return Vec::new();
+        return Some(Vec::new());
     }
     // SAFETY: a non-zero layout; the copy initialises all `n` elements (any bytes are a valid
     // plain number) before `from_raw_parts` claims them, with the layout `Vec<T>` frees with.
     unsafe {
         let ptr = std::alloc::alloc(layout);
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return None;
         }
         advise_huge_pages(ptr, layout.size());
         std::ptr::copy_nonoverlapping(src, ptr, layout.size());
-        Vec::from_raw_parts(ptr.cast::<T>(), n, n)
+        Some(Vec::from_raw_parts(ptr.cast::<T>(), n, n))
     }
 }
 

@@ -121,7 +121,8 @@ impl Reload {
         };
         if let Some(old) = changed {
             match self.load(py, op, &old, function, gradient) {
-                Ok(None) => {}
+                // The files are back to the text of the body in use: it is good again.
+                Ok(None) => self.lock().error = None,
                 Ok(Some((source, body, grad))) => {
                     // The replaced objects are dropped after the lock is released: freeing a
                     // Python object can run code that releases the GIL.

@@ -14,6 +14,7 @@ use pyo3::types::{PyDict, PyModule};
 use super::package::PackageFiles;
 use crate::error::{Error, ErrorKind, Result};
 use crate::python::errors::python_error;
+use crate::python::timeout::Shield;
 
 /// The Python source of an op's body.
 #[derive(Clone, Debug)]
@@ -95,6 +96,9 @@ pub(crate) fn shared_module<'py>(
     op: &str,
     source: &Source,
 ) -> Result<Bound<'py, PyAny>> {
+    // Loading a source imports what it imports (NumPy, …): never interrupted half-way by the
+    // time limit of a body that happens to trigger it (a nested op's first call).
+    let _shield = Shield::new();
     match source {
         Source::Module(name) => return import(py, op, name),
         Source::Package { .. } => return package_module(py, op, source, false),
@@ -165,6 +169,7 @@ pub(crate) fn private_module<'py>(
     op: &str,
     source: &Source,
 ) -> Result<Bound<'py, PyAny>> {
+    let _shield = Shield::new();
     match source {
         Source::Module(name) => import(py, op, name),
         Source::Code { .. } => load(py, op, source, true),

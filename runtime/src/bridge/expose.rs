@@ -9,13 +9,18 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use pyo3::exceptions::PyRecursionError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::value::{from_python, to_python, Value};
 use super::with_gil;
 use crate::error::{panic_message, Error, ErrorKind, Result, NO_OP};
-use crate::python::exceptions::error_to_python;
+use crate::python::exceptions::{error_to_python, OpTimeout};
+
+/// The stack a nested call through `pyop.rust` must leave: several times what one level of
+/// body → Rust → op → body takes in a debug build.
+const STACK_MARGIN: usize = 128 * 1024;
 
 type RustFn = dyn Fn(Vec<Value>) -> Result<Value> + Send + Sync;
 
@@ -30,6 +35,16 @@ struct RustFunction {
 impl RustFunction {
     #[pyo3(signature = (*args))]
     fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+        // A body calling Rust calling an op calling a body …: each level takes stack, and a
+        // cycle would overflow it long before Python's own recursion limit. Refuse the next
+        // level, as Python would, while a margin is left.
+        if stacker::remaining_stack().is_some_and(|left| left < STACK_MARGIN) {
+            return Err(PyRecursionError::new_err(format!(
+                "maximum recursion depth exceeded calling the Rust function `{}`: not enough \
+                 stack left for another nested call",
+                self.name
+            )));
+        }
         let values = args
             .iter()
             .map(|a| from_python(py, &a))
@@ -49,6 +64,9 @@ impl RustFunction {
         });
         match result {
             Ok(v) => to_python(py, v).map(Bound::unbind),
+            // A time limit that fired in a nested op stays a BaseException all the way out, so
+            // `except Exception` in the outer body cannot swallow it.
+            Err(e) if e.kind() == ErrorKind::Timeout => Err(OpTimeout::new_err(e.to_string())),
             Err(e) => Err(error_to_python(e.with_op_if_none(&self.name))),
         }
     }

@@ -27,10 +27,11 @@ use crate::python::env::{self, PythonEnv};
 /// Re-entrant: a thread that already holds the GIL (a body calling back into Rust, or Rust code
 /// inside `Python::attach`) gets it again at once.
 pub(crate) fn with_gil<R>(
-    op: impl IntoOpName,
+    op: impl IntoOpName + Copy,
     f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
 ) -> Result<(R, Duration)> {
     let asked = Instant::now();
+    env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
     Python::attach(|py| {
         let waited = asked.elapsed();
         ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
@@ -60,5 +61,6 @@ fn ensure_ready(py: Python<'_>) -> Result<&'static PythonEnv> {
 
 /// The Python environment pyop uses, starting the interpreter if needed.
 pub fn python_env() -> Result<PythonEnv> {
+    env::preflight()?;
     Python::attach(|py| ensure_ready(py).cloned())
 }

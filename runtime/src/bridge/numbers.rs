@@ -214,6 +214,9 @@ pub(crate) fn array_to_tensor(
         with_numpy_element!(dtype, T => {
             // SAFETY: `n` elements of `T` (plain numbers) are readable as bytes at `data`.
             let v = unsafe { crate::alloc::copied_from_bytes::<T>(data as *const u8, n) };
+            let v = v.ok_or_else(|| {
+                candle_core::Error::Msg(crate::alloc::no_memory(n, std::mem::size_of::<T>()))
+            })?;
             Tensor::from_vec(v, shape, &Device::Cpu)
         }, _ => unreachable!("candle_dtype gives only NumPy dtypes"))
     };
@@ -227,6 +230,9 @@ pub(crate) fn array_to_tensor(
 }
 
 /// Walks a (nested) list of numbers, checking it is rectangular.
+/// NumPy's limit on dimensions, and so on how deeply a list of numbers may nest.
+pub(crate) const MAX_DIMS: usize = 64;
+
 pub(crate) fn collect_nested(
     v: &Bound<'_, PyAny>,
     depth: usize,
@@ -234,6 +240,12 @@ pub(crate) fn collect_nested(
     leaves: &mut Vec<Scalar>,
 ) -> std::result::Result<(), String> {
     if let Ok(list) = v.cast::<PyList>() {
+        if depth >= MAX_DIMS {
+            return Err(format!(
+                "lists nested more than {MAX_DIMS} levels deep: a tensor has at most {MAX_DIMS} \
+                 dimensions, as a NumPy array does"
+            ));
+        }
         let n = list.len();
         if depth == dims.len() {
             if !leaves.is_empty() {
@@ -344,16 +356,27 @@ impl Buffer {
                 }
             }
         }
-        fn float(s: Scalar, mantissa: u32, name: &str) -> std::result::Result<f64, String> {
-            // Python floats may round to a narrower float (as NumPy does); integers must be exact.
-            let limit = 1u64 << mantissa;
-            match s {
-                Scalar::Bool(b) => Ok(b as u8 as f64),
-                Scalar::Float(f) => Ok(f),
-                Scalar::Int(i) if i.unsigned_abs() <= limit => Ok(i as f64),
-                Scalar::UInt(u) if u <= limit => Ok(u as f64),
-                _ => Err(format!("{} does not fit dtype {name} exactly", show(s))),
-            }
+        /// `narrow` rounds an f64 to the target float type (and back). Python floats may round
+        /// to it (as NumPy does) but not overflow to infinity; integers must be exact.
+        fn float(
+            s: Scalar,
+            narrow: fn(f64) -> f64,
+            name: &str,
+        ) -> std::result::Result<f64, String> {
+            let exact = |wide: i128| {
+                let v = wide as f64;
+                (v as i128 == wide && narrow(v) == v).then_some(v)
+            };
+            let fits = match s {
+                Scalar::Bool(b) => Some(b as u8 as f64),
+                Scalar::Float(f) if f.is_finite() && narrow(f).is_infinite() => {
+                    return Err(format!("{} is out of the range of dtype {name}", show(s)))
+                }
+                Scalar::Float(f) => Some(f),
+                Scalar::Int(i) => exact(i as i128),
+                Scalar::UInt(u) => exact(u as i128),
+            };
+            fits.ok_or_else(|| format!("{} does not fit dtype {name} exactly", show(s)))
         }
         match self {
             Buffer::U8(v) => v.push(int(s, "u8")?),
@@ -361,10 +384,18 @@ impl Buffer {
             Buffer::I16(v) => v.push(int(s, "i16")?),
             Buffer::I32(v) => v.push(int(s, "i32")?),
             Buffer::I64(v) => v.push(int(s, "i64")?),
-            Buffer::BF16(v) => v.push(half::bf16::from_f64(float(s, 8, "bf16")?)),
-            Buffer::F16(v) => v.push(half::f16::from_f64(float(s, 11, "f16")?)),
-            Buffer::F32(v) => v.push(float(s, 24, "f32")? as f32),
-            Buffer::F64(v) => v.push(float(s, 53, "f64")?),
+            Buffer::BF16(v) => v.push(half::bf16::from_f64(float(
+                s,
+                |x| half::bf16::from_f64(x).to_f64(),
+                "bf16",
+            )?)),
+            Buffer::F16(v) => v.push(half::f16::from_f64(float(
+                s,
+                |x| half::f16::from_f64(x).to_f64(),
+                "f16",
+            )?)),
+            Buffer::F32(v) => v.push(float(s, |x| x as f32 as f64, "f32")? as f32),
+            Buffer::F64(v) => v.push(float(s, |x| x, "f64")?),
             Buffer::Unsupported(d) => {
                 return Err(format!(
                     "Python numbers cannot make a tensor of dtype {}",
@@ -432,6 +463,16 @@ mod tests {
         assert!(fits(DType::F32, Scalar::Float(0.1)).is_ok());
         assert!(fits(DType::F32, Scalar::Int(1 << 24)).is_ok());
         assert!(fits(DType::F32, Scalar::Int((1 << 24) + 1)).is_err());
+        // Exactly representable beyond 2^24 is exact: 2^25 fits f32.
+        assert!(fits(DType::F32, Scalar::Int(1 << 25)).is_ok());
+        assert!(fits(DType::F64, Scalar::Int(i64::MAX)).is_err());
+        assert!(fits(DType::F64, Scalar::UInt(1 << 63)).is_ok());
+        // A finite float that overflows the dtype is an error, not inf; inf and NaN pass.
+        let err = fits(DType::F32, Scalar::Float(1e300)).unwrap_err();
+        assert_eq!(err, "the float 1e300 is out of the range of dtype f32");
+        assert!(fits(DType::F16, Scalar::Float(70000.0)).is_err());
+        assert!(fits(DType::F32, Scalar::Float(f64::INFINITY)).is_ok());
+        assert!(fits(DType::F32, Scalar::Float(f64::NAN)).is_ok());
         assert!(fits(DType::F16, Scalar::Int(2048)).is_ok());
         assert!(fits(DType::F16, Scalar::Int(2049)).is_err());
         assert!(fits(DType::F64, Scalar::Bool(true)).is_ok());

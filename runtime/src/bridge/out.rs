@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::bridge::tensor::PyTensor;
-use crate::error::{Result, NO_OP};
+use crate::error::{candle_message, Error, ErrorKind, Result, NO_OP};
 use crate::spec::{with_numpy_element, OutSpec};
 
 use super::numbers::describe_value;
@@ -34,7 +34,9 @@ pub(crate) fn out_buffers<'py>(
     let mut bases = Vec::with_capacity(tout.len());
     let mut views = Vec::with_capacity(tout.len());
     for (spec, dims) in tout.iter().zip(shapes) {
-        let t = zeroed_tensor(spec.dtype, dims)?;
+        let t = zeroed_tensor(spec.dtype, dims).map_err(|e| {
+            Error::op_failure(NO_OP, ErrorKind::ResourceExhausted, candle_message(&e))
+        })?;
         let data = cpu_data_ptr(&t);
         let prepared = Prepared {
             tensor: t.clone(),
@@ -102,7 +104,10 @@ fn zeroed_tensor(dtype: DType, dims: Vec<usize>) -> candle_core::Result<Tensor> 
     let n = dims.iter().product();
     with_numpy_element!(
         dtype,
-        T => Tensor::from_vec(crate::alloc::zeroed::<T>(n), dims, &Device::Cpu),
+        T => match crate::alloc::zeroed::<T>(n) {
+            Some(v) => Tensor::from_vec(v, dims, &Device::Cpu),
+            None => Err(candle_core::Error::Msg(crate::alloc::no_memory(n, std::mem::size_of::<T>()))),
+        },
         d => Tensor::zeros(dims, d, &Device::Cpu)
     )
 }

@@ -92,7 +92,15 @@ fn wrong(what: &str, got: &Value) -> Error {
     )
 }
 
+/// How deeply lists may nest in an argument of a Rust function (Python's own recursion limit is
+/// about 1000 frames; the conversion recurses once per level).
+const MAX_NESTING: usize = 256;
+
 pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    from_python_at(py, v, 0)
+}
+
+fn from_python_at(py: Python<'_>, v: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     if v.is_none() {
         return Ok(Value::None);
     }
@@ -112,9 +120,14 @@ pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Valu
         return Ok(Value::Str(s.to_string()));
     }
     if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        if depth >= MAX_NESTING {
+            return Err(pyo3::exceptions::PyRecursionError::new_err(format!(
+                "lists nested more than {MAX_NESTING} levels deep cannot be passed to Rust"
+            )));
+        }
         return v
             .try_iter()?
-            .map(|x| from_python(py, &x?))
+            .map(|x| from_python_at(py, &x?, depth + 1))
             .collect::<PyResult<_>>()
             .map(Value::List);
     }

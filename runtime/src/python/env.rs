@@ -153,6 +153,46 @@ inventory::collect!(BuildEnv);
 
 static ENV: PyOnceLock<PythonEnv> = PyOnceLock::new();
 
+/// Checks what would make starting the interpreter end the process, before anything starts it:
+/// CPython calls `Py_FatalError` (exit 1) when it cannot find its standard library, e.g. under a
+/// wrong `PYTHONHOME`. Run once; an interpreter already running passes.
+pub(crate) fn preflight() -> Result<()> {
+    static CHECKED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let problem = CHECKED.get_or_init(|| {
+        // SAFETY: Py_IsInitialized may be called at any time, before initialisation too.
+        if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
+            return None;
+        }
+        let home = std::env::var_os("PYTHONHOME").filter(|h| !h.is_empty())?;
+        let home = home.to_string_lossy();
+        let prefix = Path::new(home.split(':').next().unwrap_or(&home));
+        let version = major_minor(&built_interpreter().version).to_owned();
+        let stdlib = [
+            prefix.join("lib").join(format!("python{version}")),
+            prefix.join("Lib"),
+        ];
+        let found = stdlib
+            .iter()
+            .any(|lib| lib.join("encodings").join("__init__.py").is_file());
+        (!found).then(|| {
+            format!(
+                "PYTHONHOME is {home}, which has no standard library of Python {version} (no \
+                 {}/encodings), so the interpreter cannot start: unset PYTHONHOME, or point it at \
+                 the prefix of a Python {version} installation",
+                stdlib[0].display()
+            )
+        })
+    });
+    match problem {
+        None => Ok(()),
+        Some(msg) => Err(Error::op_failure(
+            NO_OP,
+            ErrorKind::PythonUnavailable,
+            msg.clone(),
+        )),
+    }
+}
+
 /// Sets the interpreter up once per process: line-buffered output, the environment found,
 /// added to `sys.path` and checked.
 pub(crate) fn init(py: Python<'_>) -> Result<&'static PythonEnv> {
@@ -220,7 +260,7 @@ fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
         ));
         if let Some(sp) = &site_packages {
             py.import("site")?
-                .call_method1("addsitedir", (sp.to_string_lossy().as_ref(),))?;
+                .call_method1("addsitedir", (sp.as_path(),))?;
         }
     }
     for p in &problems {

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTracebackMethods;
 
 use super::exception_parts;
-use super::exceptions::{is_timeout, rust_error_kind};
+use super::exceptions::{is_panic, is_timeout, rust_error_kind};
 use crate::error::{Error, ErrorKind, IntoOpName};
 
 /// Turns a Python exception into an [`Error`], keeping its kind, message and traceback.
@@ -21,7 +21,9 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
         ErrorKind::InvalidArgument
     } else if err.is_instance_of::<PyStopIteration>(py) {
         ErrorKind::OutOfRange
-    } else if err.is_instance_of::<PyMemoryError>(py) {
+    } else if err.is_instance_of::<PyMemoryError>(py)
+        || err.is_instance_of::<pyo3::exceptions::PyRecursionError>(py)
+    {
         ErrorKind::ResourceExhausted
     } else if err.is_instance_of::<PyNotImplementedError>(py) {
         ErrorKind::Unimplemented
@@ -31,7 +33,7 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
         ErrorKind::Cancelled
     } else if is_timeout(py, &err) {
         ErrorKind::Timeout
-    } else if err.is_instance_of::<pyo3::panic::PanicException>(py) {
+    } else if is_panic(py, &err) {
         ErrorKind::Panic
     } else {
         ErrorKind::Unknown

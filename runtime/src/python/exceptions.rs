@@ -19,6 +19,13 @@ pyo3::create_exception!(
     "An error from Rust code called by a body (a nested op, an exposed Rust function)."
 );
 
+pyo3::create_exception!(
+    pyop,
+    RustPanic,
+    pyo3::exceptions::PyBaseException,
+    "A panic in Rust code a body called (a tensor method, a kernel): the op fails with kind Panic."
+);
+
 /// The kind of the pyop error a `pyop.RustError` carries.
 #[pyclass(frozen)]
 struct ErrorKindBox(ErrorKind);
@@ -42,6 +49,11 @@ pub(crate) fn rust_error_kind(py: Python<'_>, err: &PyErr) -> Option<ErrorKind> 
     }
     let boxed = err.value(py).getattr("_pyop_kind").ok()?;
     Some(boxed.cast::<ErrorKindBox>().ok()?.get().0)
+}
+
+/// Whether `err` is a caught Rust panic (`pyop.RustPanic`).
+pub(crate) fn is_panic(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<RustPanic>(py) || err.is_instance_of::<pyo3::panic::PanicException>(py)
 }
 
 /// Whether `err` is the watchdog's `pyop.OpTimeout`.

@@ -43,9 +43,11 @@ pub(crate) fn exception_parts(py: Python<'_>, err: &PyErr) -> (String, String) {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "Exception".to_owned());
-    let msg = err
-        .value(py)
+    // An exception whose `__str__` raises (or returns no str) is described by its `repr`.
+    let value = err.value(py);
+    let msg = value
         .str()
+        .or_else(|_| value.repr())
         .map(|s| s.to_string())
         .unwrap_or_default();
     (ty, msg)

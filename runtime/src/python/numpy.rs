@@ -12,7 +12,7 @@ static NUMPY: PyOnceLock<()> = PyOnceLock::new();
 /// Checks that NumPy imports, once per process; rust-numpy panics if it does not.
 pub(crate) fn ensure_numpy(py: Python<'_>, op: Option<&str>) -> Result<()> {
     NUMPY
-        .get_or_try_init(py, || match py.import("numpy") {
+        .get_or_try_init(py, || match numpy_import(py) {
             Ok(_) => Ok(()),
             Err(e) => {
                 let (used, fix, note) = match super::env::current(py) {
@@ -73,4 +73,11 @@ pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<&'static NumpyR
         asarray: np.getattr("asarray")?.unbind(),
     };
     Ok(Some(NUMPY_REFS.get_or_init(py, || refs)))
+}
+
+/// Imports NumPy where no time limit can interrupt it: an import interrupted half-way leaves
+/// NumPy unimportable for the rest of the process ("cannot load module more than once").
+fn numpy_import(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    let _shield = super::timeout::Shield::new();
+    py.import("numpy")
 }

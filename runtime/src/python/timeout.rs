@@ -5,14 +5,14 @@
 //! thread whose body has already returned.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
 use super::errors::python_error;
 use super::exceptions::OpTimeout;
-use crate::error::{ErrorKind, Result};
+use crate::error::{panic_message, Error, ErrorKind, Result};
 
 const RUNNING: u8 = 0;
 const DONE: u8 = 1;
@@ -51,8 +51,14 @@ fn watch_loop(rx: mpsc::Receiver<Watch>) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         let now = Instant::now();
-        for w in pending.iter().filter(|w| w.deadline <= now) {
+        for w in pending.iter_mut().filter(|w| w.deadline <= now) {
             Python::attach(|py| {
+                // A thread inside pyop's own imports (NumPy) is not interrupted: a half-done
+                // import breaks the module for the whole process. The limit fires right after.
+                if shielded(w.thread) {
+                    w.deadline = now + SHIELD_RETRY;
+                    return;
+                }
                 if w.state
                     .compare_exchange(RUNNING, FIRED, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
@@ -66,39 +72,129 @@ fn watch_loop(rx: mpsc::Receiver<Watch>) {
     }
 }
 
-/// Runs `body` (which calls into Python) under an optional time limit.
+/// How soon a limit that fell due during a shielded import is tried again.
+const SHIELD_RETRY: Duration = Duration::from_millis(1);
+
+/// Threads inside a [`Shield`], with how many shields each holds.
+static SHIELDED: Mutex<Vec<(std::ffi::c_ulong, u32)>> = Mutex::new(Vec::new());
+
+fn shielded(thread: std::ffi::c_ulong) -> bool {
+    SHIELDED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(t, _)| *t == thread)
+}
+
+/// While alive, no time limit interrupts this thread (it fires when the shield is dropped).
+pub(crate) struct Shield(std::ffi::c_ulong);
+
+impl Shield {
+    pub(crate) fn new() -> Self {
+        // SAFETY: only reads the calling thread's identifier.
+        let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
+        let mut s = SHIELDED.lock().unwrap_or_else(|e| e.into_inner());
+        match s.iter_mut().find(|(t, _)| *t == thread) {
+            Some((_, n)) => *n += 1,
+            None => s.push((thread, 1)),
+        }
+        Shield(thread)
+    }
+}
+
+impl Drop for Shield {
+    fn drop(&mut self) {
+        let mut s = SHIELDED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = s.iter().position(|(t, _)| *t == self.0) {
+            s[i].1 -= 1;
+            if s[i].1 == 0 {
+                s.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// The watch of one limited call. Dropped on every exit path — a panic unwinding included — it
+/// marks the call done, so the watchdog never fires into whatever the thread runs next, and
+/// clears an interrupt that fired but was not delivered yet.
+struct Armed {
+    state: Arc<AtomicU8>,
+    thread: std::ffi::c_ulong,
+}
+
+impl Armed {
+    /// Marks the call done; whether the limit fired first.
+    fn disarm(&self) -> bool {
+        let fired = self.state.swap(DONE, Ordering::AcqRel) == FIRED;
+        if fired {
+            // SAFETY: called with the GIL held (the call's own); a null exception clears one
+            // still pending on this thread.
+            unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(self.thread as _, std::ptr::null_mut()) };
+        }
+        fired
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
+/// Runs `body` (which calls into Python) under an optional time limit. A panic in Rust code the
+/// body reached (a tensor method, a nested op) is caught here and becomes an error of kind
+/// [`ErrorKind::Panic`]: pyo3 resumes such a panic when the body's exception is fetched.
 pub(crate) fn run_limited<'py>(
     py: Python<'py>,
     op: &str,
     limit: Option<Duration>,
     body: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
 ) -> Result<Bound<'py, PyAny>> {
-    let Some(limit) = limit else {
-        return body().map_err(|e| python_error(py, op, e));
+    // `Duration::MAX` and other limits past the end of time: no limit.
+    let deadline = limit.and_then(|l| Instant::now().checked_add(l));
+    let (Some(limit), Some(deadline)) = (limit, deadline) else {
+        return caught(op, body).and_then(|r| r.map_err(|e| python_error(py, op, e)));
     };
     let state = Arc::new(AtomicU8::new(RUNNING));
     // SAFETY: only reads the calling thread's identifier.
     let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
-    let _ = watchdog().send(Watch {
-        deadline: Instant::now() + limit,
-        thread,
+    let armed = Armed {
         state: state.clone(),
+        thread,
+    };
+    let _ = watchdog().send(Watch {
+        deadline,
+        thread,
+        state,
     });
-    let result = body();
+    let result = caught(op, body);
     // Still under the GIL: the watchdog either fired before this line or never will.
-    if state.swap(DONE, Ordering::AcqRel) == FIRED {
-        // SAFETY: the GIL is held; a null exception clears one still pending on this thread.
-        unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(thread as _, std::ptr::null_mut()) };
-        if let Err(e) = result {
-            if !e.is_instance_of::<OpTimeout>(py) {
-                return Err(python_error(py, op, e));
-            }
+    let fired = armed.disarm();
+    let result = result?;
+    match result {
+        Err(e) if fired && e.is_instance_of::<OpTimeout>(py) => {
             // Keep the traceback: it says where the body was when it was interrupted.
-            return Err(python_error(py, op, e).with_kind(ErrorKind::Timeout, |_| {
+            Err(python_error(py, op, e).with_kind(ErrorKind::Timeout, |_| {
                 format!("the body ran past its time limit of {limit:?} and was interrupted")
-            }));
+            }))
         }
-        return result.map_err(|e| python_error(py, op, e));
+        other => other.map_err(|e| python_error(py, op, e)),
     }
-    result.map_err(|e| python_error(py, op, e))
+}
+
+/// `body()`, with a panic unwinding out of it turned into an error.
+fn caught<'py>(
+    op: &str,
+    body: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
+) -> Result<PyResult<Bound<'py, PyAny>>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|panic| {
+        Error::op_failure(
+            op,
+            ErrorKind::Panic,
+            format!(
+                "Rust code called by the body panicked: {}",
+                panic_message(&*panic)
+            ),
+        )
+    })
 }

@@ -2,7 +2,7 @@
 //! `where`.
 
 use candle_core::{DType, Tensor};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::device::current_device;
@@ -54,11 +54,9 @@ pub(super) fn zeros(
     shape: &Bound<'_, PyAny>,
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
-    Tensor::zeros(
-        shape_of(shape)?,
-        dtype_or(dtype, DType::F32)?,
-        &current_device(),
-    )
+    let (shape, dtype) = (shape_of(shape)?, dtype_or(dtype, DType::F32)?);
+    allocatable(Some(shape.elem_count()), dtype, "a tensor")?;
+    Tensor::zeros(shape, dtype, &current_device())
     .map(wrap)
     .map_err(value_error)
 }
@@ -70,11 +68,9 @@ pub(super) fn ones(
     shape: &Bound<'_, PyAny>,
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
-    Tensor::ones(
-        shape_of(shape)?,
-        dtype_or(dtype, DType::F32)?,
-        &current_device(),
-    )
+    let (shape, dtype) = (shape_of(shape)?, dtype_or(dtype, DType::F32)?);
+    allocatable(Some(shape.elem_count()), dtype, "a tensor")?;
+    Tensor::ones(shape, dtype, &current_device())
     .map(wrap)
     .map_err(value_error)
 }
@@ -90,6 +86,7 @@ pub(super) fn full(
 ) -> PyResult<PyTensor> {
     let one = tensor(py, value, dtype)?;
     let shape = shape_of(shape)?;
+    allocatable(Some(shape.elem_count()), one.tensor.dtype(), "a tensor")?;
     one.tensor
         .reshape(())
         .and_then(|t| t.broadcast_as(shape))
@@ -106,7 +103,9 @@ pub(super) fn zeros_like(
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
     let t = &x.get().tensor;
-    Tensor::zeros(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+    let dtype = dtype_or(dtype, t.dtype())?;
+    allocatable(Some(t.elem_count()), dtype, "a tensor")?;
+    Tensor::zeros(t.shape(), dtype, t.device())
         .map(wrap)
         .map_err(value_error)
 }
@@ -119,7 +118,9 @@ pub(super) fn ones_like(
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
     let t = &x.get().tensor;
-    Tensor::ones(t.shape(), dtype_or(dtype, t.dtype())?, t.device())
+    let dtype = dtype_or(dtype, t.dtype())?;
+    allocatable(Some(t.elem_count()), dtype, "a tensor")?;
+    Tensor::ones(t.shape(), dtype, t.device())
         .map(wrap)
         .map_err(value_error)
 }
@@ -146,6 +147,15 @@ pub(super) fn arange(
             DType::F32
         },
     )?;
+    if step == 0.0 || !(lo.is_finite() && hi.is_finite() && step.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "arange({lo}, {hi}, {step}): the bounds and step must be finite and the step nonzero"
+        )));
+    }
+    // The length first: candle grows its Vec until the allocation fails, which aborts.
+    let len = ((hi - lo) / step).ceil().max(0.0);
+    let len = (len < usize::MAX as f64).then_some(len as usize);
+    allocatable(len, DType::F64, "arange()")?;
     Tensor::arange_step(lo, hi, step, &current_device())
         .and_then(|t| t.to_dtype(d))
         .map(wrap)

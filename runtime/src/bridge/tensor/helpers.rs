@@ -3,11 +3,14 @@
 
 use candle_core::{DType, Device, DeviceLocation, Shape, Tensor, D};
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::{PyImportError, PyIndexError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyImportError, PyIndexError, PyMemoryError, PyOverflowError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::error::candle_message;
+use crate::python::exceptions::RustPanic;
 use crate::spec::with_numpy_element;
 
 use super::PyTensor;
@@ -22,16 +25,65 @@ pub(super) fn value_error(e: candle_core::Error) -> PyErr {
     PyValueError::new_err(candle_message(&e))
 }
 
-/// Runs candle work, with the GIL released when the tensor is large.
+/// Runs candle work, with the GIL released when the tensor is large. A panic in it is caught
+/// and raised as `pyop.RustPanic` (a BaseException): the body's op then fails with kind
+/// `Panic` and the body's traceback, and the executor goes on.
 pub(super) fn compute<T: Send>(
     py: Python<'_>,
     elems: usize,
     f: impl FnOnce() -> CResult<T> + Send,
 ) -> PyResult<T> {
-    if elems >= RELEASE_GIL_AT {
-        py.detach(f).map_err(value_error)
+    let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let result = if elems >= RELEASE_GIL_AT {
+        py.detach(run)
     } else {
-        f().map_err(value_error)
+        run()
+    };
+    match result {
+        Ok(r) => r.map_err(value_error),
+        Err(panic) => Err(RustPanic::new_err(format!(
+            "candle panicked: {}",
+            crate::error::panic_message(&*panic)
+        ))),
+    }
+}
+
+/// Below this, an allocation is not checked first (it cannot abort for size alone).
+const CHECK_ALLOC_FROM: usize = 64 << 20;
+
+/// Checks that a tensor of `elems` elements of `dtype` can be allocated before candle tries (its
+/// allocations abort the process when they fail): `MemoryError` if not, as NumPy raises.
+/// `None` (an element count that overflows) is a `ValueError`.
+pub(super) fn allocatable(elems: Option<usize>, dtype: DType, what: &str) -> PyResult<()> {
+    let bytes = elems.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+    let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
+        return Err(PyValueError::new_err(format!(
+            "{what} has too many elements for any tensor"
+        )));
+    };
+    if bytes >= CHECK_ALLOC_FROM && Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
+        return Err(PyMemoryError::new_err(format!(
+            "Unable to allocate {:.2} GiB for {what} of dtype {}",
+            bytes as f64 / (1u64 << 30) as f64,
+            dtype.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The number of elements of `dims`, `None` if it overflows.
+pub(super) fn elem_count(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// A shape from Python, its element count checked: no shape whose count overflows (which would
+/// make a tensor larger than its storage) ever reaches candle.
+pub(super) fn checked_shape(dims: Vec<usize>) -> PyResult<Vec<usize>> {
+    match elem_count(&dims) {
+        Some(n) if n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize) => Ok(dims),
+        _ => Err(PyValueError::new_err(format!(
+            "the shape {dims:?} has too many elements for any tensor"
+        ))),
     }
 }
 
@@ -111,16 +163,18 @@ pub(super) fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyRe
     } else {
         args.extract()?
     };
-    let known: usize = raw
-        .iter()
-        .filter(|&&d| d >= 0)
-        .map(|&d| d as usize)
-        .product();
     let inferred = raw.iter().filter(|&&d| d == -1).count();
     if inferred > 1 || raw.iter().any(|&d| d < -1) {
         return Err(PyValueError::new_err(format!("invalid shape {raw:?}")));
     }
-    raw.iter()
+    let given: Vec<usize> = raw.iter().filter(|&&d| d >= 0).map(|&d| d as usize).collect();
+    let Some(known) = elem_count(&given) else {
+        return Err(PyValueError::new_err(format!(
+            "the shape {raw:?} has too many elements for any tensor"
+        )));
+    };
+    let dims = raw
+        .iter()
         .map(|&d| match (d, elems) {
             (-1, Some(n)) if known > 0 && n % known == 0 => Ok(n / known),
             (-1, _) => Err(PyValueError::new_err(format!(
@@ -128,7 +182,8 @@ pub(super) fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyRe
             ))),
             (d, _) => Ok(d as usize),
         })
-        .collect()
+        .collect::<PyResult<Vec<usize>>>()?;
+    checked_shape(dims)
 }
 
 impl PyTensor {
@@ -143,7 +198,25 @@ impl PyTensor {
         f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
     ) -> PyResult<PyTensor> {
         let t = &self.tensor;
+        allocatable(Some(self.n()), t.dtype(), "the result")?;
         compute(py, self.n(), || f(t)).map(wrap)
+    }
+
+    /// An integer op computed in f64 first and range-checked (see [`check_int_range`]); floats
+    /// go straight to `f`.
+    pub(super) fn int_checked(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        f: impl Fn(&Tensor) -> CResult<Tensor> + Send + Sync,
+    ) -> PyResult<PyTensor> {
+        let dtype = self.tensor.dtype();
+        if !dtype.is_float() {
+            let t = &self.tensor;
+            let wide = compute(py, self.n(), || f(&t.to_dtype(DType::F64)?))?;
+            check_int_range(&wide, dtype, what)?;
+        }
+        self.unary(py, f)
     }
 
     /// Runs a float-only candle op (candle's unary kernels have no integer versions).
@@ -188,7 +261,23 @@ impl PyTensor {
         }
     }
 
+    /// A binary op with `other` (a tensor, or a Python value made one of this dtype):
+    /// `NotImplemented` for anything else, so Python tries the other operand's method.
     pub(super) fn binary(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        reflected: bool,
+        f: impl FnOnce(&Tensor, &Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<Py<PyAny>> {
+        match self.binary_op(py, other, reflected, f)? {
+            Some(t) => Ok(Bound::new(py, t)?.into_any().unbind()),
+            None => Ok(py.NotImplemented()),
+        }
+    }
+
+    /// The result of a binary op, or `None` when `other` is nothing tensor-like.
+    pub(super) fn binary_op(
         &self,
         py: Python<'_>,
         other: &Bound<'_, PyAny>,
@@ -203,8 +292,38 @@ impl PyTensor {
         } else {
             (&self.tensor, &o)
         };
-        let n = self.n().max(o.elem_count());
+        // Broadcasting ops: the broadcast shape's size; others (matmul): the larger operand's.
+        let n = broadcast_count(a, b).unwrap_or_else(|_| a.elem_count().max(b.elem_count()));
+        allocatable(Some(n), self.tensor.dtype(), "the result")?;
         compute(py, n, || f(a, b)).map(|t| Some(wrap(t)))
+    }
+
+    /// `+ - *` on this tensor: integer results range-checked (see [`check_int_range`]).
+    pub(super) fn arith(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        reflected: bool,
+        what: &str,
+        f: impl Fn(&Tensor, &Tensor) -> CResult<Tensor> + Send + Sync,
+    ) -> PyResult<Py<PyAny>> {
+        let dtype = self.tensor.dtype();
+        if !dtype.is_float() {
+            if let Some(o) = self.operand(py, other)? {
+                let (a, b) = if reflected {
+                    (&o, &self.tensor)
+                } else {
+                    (&self.tensor, &o)
+                };
+                let n = broadcast_count(a, b)?;
+                allocatable(Some(n), DType::F64, "the result")?;
+                let wide = compute(py, n, || {
+                    f(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?)
+                })?;
+                check_int_range(&wide, dtype, what)?;
+            }
+        }
+        self.binary(py, other, reflected, f)
     }
 
     pub(super) fn reduce(
@@ -373,10 +492,30 @@ pub(super) fn dtype_or(dtype: Option<&Bound<'_, PyAny>>, default: DType) -> PyRe
 }
 
 pub(super) fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Shape> {
-    if let Ok(n) = shape.extract::<usize>() {
-        return Ok(Shape::from(n));
+    let dims: Vec<i128> = match shape.extract::<i128>() {
+        Ok(n) => vec![n],
+        Err(_) => shape.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "a shape is an int or a sequence of ints, not {}",
+                crate::bridge::numbers::describe_value(shape)
+            ))
+        })?,
+    };
+    if dims.iter().any(|&d| d < 0) {
+        return Err(PyValueError::new_err(format!(
+            "negative dimensions are not allowed: {dims:?}"
+        )));
     }
-    Ok(Shape::from(shape.extract::<Vec<usize>>()?))
+    let dims: Vec<usize> = dims
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            PyValueError::new_err(format!(
+                "the shape {dims:?} has too many elements for any tensor"
+            ))
+        })?;
+    Ok(Shape::from(checked_shape(dims)?))
 }
 
 pub(super) fn tensors_of(ts: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
@@ -391,4 +530,55 @@ pub(super) fn tensors_of(ts: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
         );
     }
     Ok(out)
+}
+
+/// Integer arithmetic is checked, in debug and release builds alike: a result outside the
+/// dtype's range raises `OverflowError` (as NumPy does for Python ints that do not fit), where
+/// candle's kernels would wrap in release and panic in debug. The result is computed in f64
+/// first (exact below 2^53) and its range checked; then candle computes it in the dtype.
+pub(super) fn check_int_range(wide: &Tensor, dtype: DType, what: &str) -> PyResult<()> {
+    let (lo, hi): (f64, f64) = match dtype {
+        DType::U8 => (0.0, u8::MAX as f64),
+        DType::U32 => (0.0, u32::MAX as f64),
+        DType::I16 => (i16::MIN as f64, i16::MAX as f64),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        // 2^63 itself is out of range; every f64 below it is in.
+        DType::I64 => (i64::MIN as f64, (i64::MAX as f64).next_down()),
+        _ => return Ok(()),
+    };
+    if wide.elem_count() == 0 {
+        return Ok(());
+    }
+    let min = wide
+        .min_all()
+        .and_then(|t| t.to_scalar::<f64>())
+        .map_err(value_error)?;
+    let max = wide
+        .max_all()
+        .and_then(|t| t.to_scalar::<f64>())
+        .map_err(value_error)?;
+    if min < lo || max > hi {
+        let (lo, hi) = (lo as i128, hi as i128);
+        return Err(PyOverflowError::new_err(format!(
+            "integer overflow: {what} gives values outside the range of {} [{lo}, {hi}] (convert \
+             with .to_dtype() first)",
+            dtype.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The number of elements `a ⊕ b` has (broadcasting), checked.
+pub(super) fn broadcast_count(a: &Tensor, b: &Tensor) -> PyResult<usize> {
+    let shape = a
+        .shape()
+        .broadcast_shape_binary_op(b.shape(), "broadcast")
+        .map_err(value_error)?;
+    elem_count(shape.dims()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "broadcasting {:?} with {:?} gives too many elements for any tensor",
+            a.dims(),
+            b.dims()
+        ))
+    })
 }

@@ -76,17 +76,22 @@ impl PyTensor {
             .map_err(value_error)
     }
 
-    fn __int__(&self) -> PyResult<i64> {
+    /// As Python's `int()`: a float's exact integer part, `ValueError` for NaN and
+    /// `OverflowError` for infinities (never a saturated i64).
+    fn __int__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let t = self.one_element("int()")?;
         if t.dtype().is_float() {
-            Ok(t.to_dtype(DType::F64)
+            let v = t
+                .to_dtype(DType::F64)
                 .and_then(|t| t.to_scalar::<f64>())
-                .map_err(value_error)?
-                .trunc() as i64)
+                .map_err(value_error)?;
+            pyo3::types::PyFloat::new(py, v).call_method0("__int__")
         } else {
-            t.to_dtype(DType::I64)
+            Ok(t.to_dtype(DType::I64)
                 .and_then(|t| t.to_scalar::<i64>())
-                .map_err(value_error)
+                .map_err(value_error)?
+                .into_pyobject(py)?
+                .into_any())
         }
     }
 
@@ -139,36 +144,36 @@ impl PyTensor {
 
     // --- arithmetic (NumPy-style broadcasting, Python numbers on either side) ---
 
-    fn __add__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, false, |a, b| a.broadcast_add(b))
+    fn __add__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, false, "+", |a, b| a.broadcast_add(b))
     }
-    fn __radd__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, true, |a, b| a.broadcast_add(b))
+    fn __radd__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, true, "+", |a, b| a.broadcast_add(b))
     }
-    fn __sub__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, false, |a, b| a.broadcast_sub(b))
+    fn __sub__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, false, "-", |a, b| a.broadcast_sub(b))
     }
-    fn __rsub__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, true, |a, b| a.broadcast_sub(b))
+    fn __rsub__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, true, "-", |a, b| a.broadcast_sub(b))
     }
-    fn __mul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, false, |a, b| a.broadcast_mul(b))
+    fn __mul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, false, "*", |a, b| a.broadcast_mul(b))
     }
-    fn __rmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
-        self.binary(py, o, true, |a, b| a.broadcast_mul(b))
+    fn __rmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.arith(py, o, true, "*", |a, b| a.broadcast_mul(b))
     }
-    fn __truediv__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
+    fn __truediv__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.float_only("/")?;
         self.binary(py, o, false, |a, b| a.broadcast_div(b))
     }
-    fn __rtruediv__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
+    fn __rtruediv__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.float_only("/")?;
         self.binary(py, o, true, |a, b| a.broadcast_div(b))
     }
-    fn __matmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
+    fn __matmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.binary(py, o, false, matmul)
     }
-    fn __rmatmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Option<PyTensor>> {
+    fn __rmatmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.binary(py, o, true, matmul)
     }
 
@@ -177,7 +182,7 @@ impl PyTensor {
         py: Python<'_>,
         o: &Bound<'_, PyAny>,
         modulo: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<PyTensor>> {
+    ) -> PyResult<Py<PyAny>> {
         if modulo.is_some_and(|m| !m.is_none()) {
             return Err(PyTypeError::new_err(
                 "pow() with a modulus is not supported for tensors",
@@ -192,12 +197,18 @@ impl PyTensor {
                     crate::bridge::numbers::Scalar::Float(f) => f,
                 };
                 if self.tensor.dtype().is_float() {
-                    return self
-                        .unary(py, move |t| if e == 2.0 { t.sqr() } else { t.powf(e) })
-                        .map(Some);
+                    let r = self.unary(py, move |t| if e == 2.0 { t.sqr() } else { t.powf(e) })?;
+                    return Ok(Bound::new(py, r)?.into_any().unbind());
                 }
                 if e >= 0.0 && e.fract() == 0.0 {
-                    return self.unary(py, move |t| powi(t, e as u64)).map(Some);
+                    let r = self.int_checked(py, "**", move |t| {
+                        if t.dtype().is_float() {
+                            t.powf(e)
+                        } else {
+                            powi(t, e as u64)
+                        }
+                    })?;
+                    return Ok(Bound::new(py, r)?.into_any().unbind());
                 }
                 return Err(PyValueError::new_err(format!(
                     "an integer tensor ({}) can only be raised to a non-negative integer power, not {e}",
@@ -214,7 +225,7 @@ impl PyTensor {
         py: Python<'_>,
         o: &Bound<'_, PyAny>,
         _modulo: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<PyTensor>> {
+    ) -> PyResult<Py<PyAny>> {
         self.float_only("**")?;
         self.binary(py, o, true, |a, b| a.broadcast_pow(b))
     }
@@ -223,7 +234,7 @@ impl PyTensor {
         if self.tensor.dtype().is_float() {
             self.unary(py, |t| t.neg())
         } else {
-            self.unary(py, |t| t.zeros_like()?.broadcast_sub(t))
+            self.int_checked(py, "negation", |t| t.zeros_like()?.broadcast_sub(t))
         }
     }
 
@@ -232,11 +243,19 @@ impl PyTensor {
     }
 
     fn __abs__(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        if self.tensor.dtype().is_float() {
-            self.unary(py, |t| t.abs())
-        } else {
-            // candle's unary kernels are float-only: |t| = max(t, 0 - t) for integers.
-            self.unary(py, |t| t.maximum(&t.zeros_like()?.sub(t)?))
+        match self.tensor.dtype() {
+            d if d.is_float() => self.unary(py, |t| t.abs()),
+            // Unsigned values are their own absolute values.
+            DType::U8 | DType::U32 => Ok(wrap(self.tensor.clone())),
+            // candle's unary kernels are float-only: |t| = max(t, 0 - t) for signed integers,
+            // checked (|i64::MIN| does not fit).
+            _ => self.int_checked(py, "abs()", |t| {
+                if t.dtype().is_float() {
+                    t.abs()
+                } else {
+                    t.maximum(&t.zeros_like()?.sub(t)?)
+                }
+            }),
         }
     }
 
@@ -245,7 +264,7 @@ impl PyTensor {
         py: Python<'_>,
         o: &Bound<'_, PyAny>,
         op: CompareOp,
-    ) -> PyResult<Option<PyTensor>> {
+    ) -> PyResult<Py<PyAny>> {
         self.binary(py, o, false, move |a, b| match op {
             CompareOp::Lt => a.broadcast_lt(b),
             CompareOp::Le => a.broadcast_le(b),
@@ -320,13 +339,13 @@ impl PyTensor {
 
     /// Elementwise maximum with a tensor or number (broadcasting).
     fn maximum(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
-        self.binary(py, o, false, |a, b| a.broadcast_maximum(b))?
+        self.binary_op(py, o, false, |a, b| a.broadcast_maximum(b))?
             .ok_or_else(|| PyTypeError::new_err("maximum() takes a tensor or a number"))
     }
 
     /// Elementwise minimum with a tensor or number (broadcasting).
     fn minimum(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
-        self.binary(py, o, false, |a, b| a.broadcast_minimum(b))?
+        self.binary_op(py, o, false, |a, b| a.broadcast_minimum(b))?
             .ok_or_else(|| PyTypeError::new_err("minimum() takes a tensor or a number"))
     }
 
@@ -357,7 +376,16 @@ impl PyTensor {
         dim: Option<&Bound<'_, PyAny>>,
         keepdim: bool,
     ) -> PyResult<PyTensor> {
-        self.reduce(py, dim, keepdim, |t, d| t.sum_keepdim(d))
+        let dtype = self.tensor.dtype();
+        if dtype.is_float() {
+            return self.reduce(py, dim, keepdim, |t, d| t.sum_keepdim(d));
+        }
+        // Integers: summed in i64 (no partial sum overflows a narrower dtype), range-checked
+        // in f64 first, then given back in the tensor's own dtype.
+        let wide = self.reduce(py, dim, keepdim, |t, d| t.to_dtype(DType::F64)?.sum_keepdim(d))?;
+        check_int_range(&wide.tensor, dtype, "sum()")?;
+        let sum = self.reduce(py, dim, keepdim, |t, d| t.to_dtype(DType::I64)?.sum_keepdim(d))?;
+        sum.tensor.to_dtype(dtype).map(wrap).map_err(value_error)
     }
     #[pyo3(signature = (dim=None, keepdim=false))]
     fn mean(
@@ -366,6 +394,9 @@ impl PyTensor {
         dim: Option<&Bound<'_, PyAny>>,
         keepdim: bool,
     ) -> PyResult<PyTensor> {
+        // candle's integer mean truncates (1/n is 0 in an integer dtype): float-only, like the
+        // other float math.
+        self.float_only("mean()")?;
         self.reduce(py, dim, keepdim, |t, d| t.mean_keepdim(d))
     }
     #[pyo3(signature = (dim=None, keepdim=false))]

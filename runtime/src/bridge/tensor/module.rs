@@ -6,7 +6,7 @@ use pyo3::types::PyModule;
 
 use super::functions::*;
 use super::PyTensor;
-use crate::python::exceptions::{OpTimeout, RustError};
+use crate::python::exceptions::{OpTimeout, RustError, RustPanic};
 
 /// Module-level forms of the methods (`pyop.log(x)` as well as `x.log()`); numbers become tensors.
 const MODULE_GLUE: &str = include_str!("glue.py");
@@ -17,6 +17,7 @@ pub(crate) fn install(py: Python<'_>) -> PyResult<()> {
     m.add_class::<PyTensor>()?;
     m.add("OpTimeout", py.get_type::<OpTimeout>())?;
     m.add("RustError", py.get_type::<RustError>())?;
+    m.add("RustPanic", py.get_type::<RustPanic>())?;
     m.add_function(wrap_pyfunction!(tensor, &m)?)?;
     m.add_function(wrap_pyfunction!(zeros, &m)?)?;
     m.add_function(wrap_pyfunction!(ones, &m)?)?;
