@@ -2,7 +2,7 @@
 //! only if Python holds no reference to them once the body returns.
 
 use candle_core::{DType, Device, Tensor};
-use numpy::npyffi::{self};
+
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -42,13 +42,8 @@ pub(crate) fn out_buffers<'py>(
             tensor: t.clone(),
             data,
         };
-        let view = numpy_array(py, &prepared, true)
+        let (view, base) = numpy_array(py, &prepared, true)
             .map_err(|e| crate::python::errors::python_error(py, NO_OP, e))?;
-        // SAFETY: the view was made just above with a `PyTensor` base.
-        let base = unsafe {
-            let base = (*view.as_ptr().cast::<npyffi::PyArrayObject>()).fields.base;
-            Bound::from_borrowed_ptr(py, base).cast_into_unchecked::<PyTensor>()
-        };
         tensors.push(t);
         bases.push(base);
         views.push(view);

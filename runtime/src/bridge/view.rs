@@ -21,49 +21,62 @@ pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> Option<Bound<'_, PyAr
 /// A read-only NumPy array over the prepared tensor's memory, whose base object (a `pyop.Tensor`
 /// holding a clone of the tensor) keeps that memory alive for as long as the array lives.
 pub(crate) fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>> {
-    numpy_array(py, p, false)
+    numpy_array(py, p, false).map(|(arr, _)| arr)
 }
 
-/// A NumPy array over `p`'s memory, read-only unless `writable`.
+/// A NumPy array over `p`'s memory, read-only unless `writable`, and the `pyop.Tensor` keeping
+/// that memory alive.
+///
+/// The array handed to the body is a view of a hidden *root* array, whose base is the
+/// `pyop.Tensor`. Every view NumPy makes of it (`x[1:]`, `x.T`, `np.asarray(x)`) takes the root as
+/// its base, not the array the body got: so `ndarray.__setstate__` on that array (which swaps in
+/// a buffer of its own and drops its base) leaves every other view alive and read-only, and the
+/// `out` check still sees them. The root itself is never handed out.
 pub(crate) fn numpy_array<'py>(
     py: Python<'py>,
     p: &Prepared,
     writable: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTensor>)> {
     let t = &p.tensor;
     let descr = numpy_dtype(py, t.dtype()).expect("checked in prepare");
     let size = t.dtype().size_in_bytes() as isize;
     let dims: Vec<npy_intp> = t.dims().iter().map(|&d| d as npy_intp).collect();
     let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
     let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data, writable))?;
-    // SAFETY: `data` points into the CPU storage of `t`, which the base object keeps alive; a
-    // candle storage's buffer is never reallocated. Input views are read-only, so Python cannot
-    // write to memory candle believes immutable; `out` views are writable only while candle has
-    // not yet been handed the tensor (see `OutBuffers`). `SetBaseObject` steals `base`.
-    unsafe {
-        let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-            py,
-            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
-            descr.into_dtype_ptr(),
-            dims.len() as i32,
-            dims.as_ptr() as *mut npy_intp,
-            strides.as_ptr() as *mut npy_intp,
-            p.data as *mut c_void,
-            if writable {
-                npyffi::NPY_ARRAY_WRITEABLE
-            } else {
-                0
-            },
-            std::ptr::null_mut(),
-        );
-        let arr = Bound::from_owned_ptr_or_err(py, arr)?;
-        if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.into_any().into_ptr())
-            != 0
-        {
-            return Err(PyErr::fetch(py));
+    let flags = if writable {
+        npyffi::NPY_ARRAY_WRITEABLE
+    } else {
+        0
+    };
+    let array_over = |owner: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: `data` points into the CPU storage of `t`, which `owner` keeps alive (it is
+        // the `pyop.Tensor` holding `t`, or the root array holding that); a candle storage's
+        // buffer is never reallocated. Input views are read-only, so Python cannot write to
+        // memory candle believes immutable; `out` views are writable only while candle has not
+        // yet been handed the tensor (see `OutBuffers`). `NewFromDescr` steals a reference to
+        // `descr`, `SetBaseObject` one to `owner`.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+                descr.clone().into_dtype_ptr(),
+                dims.len() as i32,
+                dims.as_ptr() as *mut npy_intp,
+                strides.as_ptr() as *mut npy_intp,
+                p.data as *mut c_void,
+                flags,
+                std::ptr::null_mut(),
+            );
+            let arr = Bound::from_owned_ptr_or_err(py, arr)?;
+            if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), owner.into_ptr()) != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            Ok(arr)
         }
-        Ok(arr)
-    }
+    };
+    let root = array_over(base.clone().into_any())?;
+    let arr = array_over(root)?;
+    Ok((arr, base))
 }
 
 /// Whether Python may write through `array`.
@@ -72,18 +85,31 @@ pub(crate) fn writeable(array: &Bound<'_, PyUntypedArray>) -> bool {
     unsafe { (*array.as_array_ptr()).fields.flags & npyffi::NPY_ARRAY_WRITEABLE != 0 }
 }
 
-/// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
-pub(crate) fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
+/// The data pointer and base object of a live array.
+fn data_and_base(array: &Bound<'_, PyUntypedArray>) -> (usize, *mut pyo3::ffi::PyObject) {
     // SAFETY: reading the fields of a live array object.
-    let (data, base) = unsafe {
+    unsafe {
         let a = &*array.as_array_ptr();
         (a.fields.data as usize, a.fields.base)
-    };
-    if base.is_null() {
+    }
+}
+
+/// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
+pub(crate) fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
+    let (data, root) = data_and_base(array);
+    if root.is_null() {
         return None;
     }
-    // SAFETY: `base` is the non-null base object of the live `array`, which holds a reference
+    // SAFETY: `root` is the non-null base object of the live `array`, which holds a reference
     // to it for as long as `array` lives; `from_borrowed_ptr` takes a new reference.
+    let root = unsafe { Bound::from_borrowed_ptr(array.py(), root) };
+    // The view's base is the hidden root array (see `numpy_array`), whose base is the tensor.
+    let root = root.cast::<PyUntypedArray>().ok()?;
+    let (root_data, base) = data_and_base(root);
+    if root_data != data || base.is_null() || writeable(root) {
+        return None;
+    }
+    // SAFETY: as above, the live root's base object.
     let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
     let owner = base.cast::<PyTensor>().ok()?.get();
     let t = owner.tensor();

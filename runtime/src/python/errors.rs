@@ -19,7 +19,9 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
         kind
     } else if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
         ErrorKind::InvalidArgument
-    } else if err.is_instance_of::<PyStopIteration>(py) {
+    } else if err.is_instance_of::<PyStopIteration>(py)
+        || err.is_instance_of::<pyo3::exceptions::PyOverflowError>(py)
+    {
         ErrorKind::OutOfRange
     } else if err.is_instance_of::<PyMemoryError>(py)
         || err.is_instance_of::<pyo3::exceptions::PyRecursionError>(py)

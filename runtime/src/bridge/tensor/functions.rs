@@ -57,8 +57,8 @@ pub(super) fn zeros(
     let (shape, dtype) = (shape_of(shape)?, dtype_or(dtype, DType::F32)?);
     allocatable(Some(shape.elem_count()), dtype, "a tensor")?;
     Tensor::zeros(shape, dtype, &current_device())
-    .map(wrap)
-    .map_err(value_error)
+        .map(wrap)
+        .map_err(value_error)
 }
 
 /// `pyop.ones(shape, dtype="f32")` on the running op's device.
@@ -71,8 +71,8 @@ pub(super) fn ones(
     let (shape, dtype) = (shape_of(shape)?, dtype_or(dtype, DType::F32)?);
     allocatable(Some(shape.elem_count()), dtype, "a tensor")?;
     Tensor::ones(shape, dtype, &current_device())
-    .map(wrap)
-    .map_err(value_error)
+        .map(wrap)
+        .map_err(value_error)
 }
 
 /// `pyop.full(shape, value, dtype=None)`: dtype from the value (f32, i64 or u8) unless given.

@@ -167,7 +167,11 @@ pub(super) fn shape_arg(args: &Bound<'_, PyTuple>, elems: Option<usize>) -> PyRe
     if inferred > 1 || raw.iter().any(|&d| d < -1) {
         return Err(PyValueError::new_err(format!("invalid shape {raw:?}")));
     }
-    let given: Vec<usize> = raw.iter().filter(|&&d| d >= 0).map(|&d| d as usize).collect();
+    let given: Vec<usize> = raw
+        .iter()
+        .filter(|&&d| d >= 0)
+        .map(|&d| d as usize)
+        .collect();
     let Some(known) = elem_count(&given) else {
         return Err(PyValueError::new_err(format!(
             "the shape {raw:?} has too many elements for any tensor"
@@ -543,7 +547,7 @@ pub(super) fn check_int_range(wide: &Tensor, dtype: DType, what: &str) -> PyResu
         DType::I16 => (i16::MIN as f64, i16::MAX as f64),
         DType::I32 => (i32::MIN as f64, i32::MAX as f64),
         // 2^63 itself is out of range; every f64 below it is in.
-        DType::I64 => (i64::MIN as f64, (i64::MAX as f64).next_down()),
+        DType::I64 => (i64::MIN as f64, f64::from_bits((i64::MAX as f64).to_bits() - 1)),
         _ => return Ok(()),
     };
     if wide.elem_count() == 0 {

@@ -382,9 +382,13 @@ impl PyTensor {
         }
         // Integers: summed in i64 (no partial sum overflows a narrower dtype), range-checked
         // in f64 first, then given back in the tensor's own dtype.
-        let wide = self.reduce(py, dim, keepdim, |t, d| t.to_dtype(DType::F64)?.sum_keepdim(d))?;
+        let wide = self.reduce(py, dim, keepdim, |t, d| {
+            t.to_dtype(DType::F64)?.sum_keepdim(d)
+        })?;
         check_int_range(&wide.tensor, dtype, "sum()")?;
-        let sum = self.reduce(py, dim, keepdim, |t, d| t.to_dtype(DType::I64)?.sum_keepdim(d))?;
+        let sum = self.reduce(py, dim, keepdim, |t, d| {
+            t.to_dtype(DType::I64)?.sum_keepdim(d)
+        })?;
         sum.tensor.to_dtype(dtype).map(wrap).map_err(value_error)
     }
     #[pyo3(signature = (dim=None, keepdim=false))]

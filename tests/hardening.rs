@@ -1,0 +1,560 @@
+//! Regression tests for the adversarial audit (`../shared/reviews/adversarial-findings.md`,
+//! F1–F16): no crash, abort or memory error reachable from a body, panics and time limits that
+//! hold. Each scenario runs in a child process of its own (this binary, `harness = false`, runs
+//! itself again with `PYOP_HARDENING=<scenario>`), so that a regression that aborts or segfaults
+//! fails that scenario instead of the whole run.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pyop::candle::{DType, Device, Tensor};
+use pyop::interop::pyo3;
+use pyop::{expose, py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, Value};
+
+fn t(v: &[f32]) -> Tensor {
+    Tensor::new(v, &Device::Cpu).unwrap()
+}
+
+fn tensor_op(name: &str, code: &str, dtype: DType) -> PyOp {
+    PyOp::builder(name)
+        .code(code)
+        .tout([OutSpec::new(dtype)])
+        .build()
+        .unwrap()
+}
+
+fn numpy_op(name: &str, code: &str) -> PyOp {
+    PyOp::builder(name)
+        .code(code)
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap()
+}
+
+/// Calls `op` on `x`, expecting an error of `kind` whose text contains `text`.
+fn expect_err(op: &PyOp, x: &Tensor, kind: ErrorKind, text: &str) {
+    let err = op.call(&[Arg::from(x)]).unwrap_err();
+    assert_eq!(err.kind(), kind, "{}: {err}", op.name());
+    assert!(err.to_string().contains(text), "{}: {err}", op.name());
+}
+
+// --- F1: `ndarray.__setstate__` on a view pyop handed out ---
+
+#[py_op(code = r#"
+import numpy as np
+def setstate_write(x):
+    v = x[:]
+    x.__setstate__((1, x.shape, x.dtype, False, bytes(x.nbytes)))
+    try:
+        v.setflags(write=True)
+        v[0] = 100
+        return np.float32(1)
+    except ValueError:
+        return np.float32(0)
+"#, numpy, tout = f32)]
+fn setstate_write(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = r#"
+import sys
+import numpy as np
+def setstate_out(x, out=None):
+    np.add(x, 1, out=out)
+    v = out[:]
+    out.__setstate__((1, out.shape, out.dtype, False, bytes(out.nbytes)))
+    sys._pyop_kept = v
+    return None
+"#, numpy, tout = f32[x])]
+fn setstate_out(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn f1_setstate() {
+    let x = t(&[1., 2., 3., 4.]);
+    // The view stays read-only: writing through it is refused, the input is unchanged.
+    assert_eq!(setstate_write(&x).unwrap().to_scalar::<f32>().unwrap(), 0.0);
+    assert_eq!(x.to_vec1::<f32>().unwrap(), [1., 2., 3., 4.]);
+    // `out` swapped out from under a kept view: the output is copied, a later write through the
+    // view does not reach it.
+    let y = setstate_out(&x).unwrap();
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [2., 3., 4., 5.]);
+    let poke = numpy_op("poke", "import sys\nimport numpy as np\ndef poke(x):\n    sys._pyop_kept[...] = 42\n    return np.float32(0)");
+    poke.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [2., 3., 4., 5.]);
+    // A view kept after its array's buffer was swapped still keeps the storage alive: no
+    // use-after-free once Rust drops the tensor (4 MiB, so freeing it unmaps it).
+    let keep = numpy_op("keep_view", "import sys\nimport numpy as np\ndef keep_view(x):\n    v = x[:]\n    x.__setstate__((1, x.shape, x.dtype, False, bytes(x.nbytes)))\n    sys._pyop_kept_input = v\n    return np.float32(0)");
+    let big = Tensor::ones(1 << 20, DType::F32, &Device::Cpu).unwrap();
+    keep.call(&[Arg::from(&big)]).unwrap();
+    drop(big);
+    let churn: Vec<Tensor> = (0..8)
+        .map(|_| Tensor::zeros(1 << 20, DType::F32, &Device::Cpu).unwrap())
+        .collect();
+    drop(churn);
+    let read = numpy_op("read_kept", "import sys\nimport numpy as np\ndef read_kept(x):\n    return np.float32(sys._pyop_kept_input.sum())");
+    let sum = read.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(sum, (1 << 20) as f32);
+}
+
+// --- F2: shapes whose element count overflows ---
+
+fn f2_shapes() {
+    let x = t(&[1.]);
+    for (name, code) in [
+        (
+            "zeros",
+            "import pyop\ndef zeros(x):\n    return pyop.zeros((2**32, 2**32))",
+        ),
+        (
+            "reshape",
+            "import pyop\ndef reshape(x):\n    return pyop.zeros((0,)).reshape(2**32, 2**32)",
+        ),
+        (
+            "reshape_infer",
+            "def reshape_infer(x):\n    return x.reshape(2**62, 2**62, -1)",
+        ),
+        (
+            "bcast",
+            "def bcast(x):\n    return x.broadcast_to(2**32, 2**32)",
+        ),
+    ] {
+        expect_err(
+            &tensor_op(name, code, DType::F32),
+            &x,
+            ErrorKind::InvalidArgument,
+            "too many elements",
+        );
+    }
+    expect_err(
+        &tensor_op(
+            "negative",
+            "import pyop\ndef negative(x):\n    return pyop.zeros(-1)",
+            DType::F32,
+        ),
+        &x,
+        ErrorKind::InvalidArgument,
+        "negative dimensions are not allowed",
+    );
+}
+
+// --- F3: deeply nested lists; F4: recursion through Rust (on a 2 MiB thread too) ---
+
+fn on_small_thread(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn f3_deep_lists() {
+    expose("echo", |args| {
+        Ok(args.into_iter().next().unwrap_or(Value::None))
+    })
+    .unwrap();
+    let deep = "    a = [1.0]\n    for _ in range(100_000):\n        a = [a]\n";
+    let x = t(&[1.]);
+    let out = tensor_op(
+        "deep_out",
+        &format!("def deep_out(x):\n{deep}    return a"),
+        DType::F32,
+    );
+    let made = tensor_op(
+        "deep_tensor",
+        &format!("import pyop\ndef deep_tensor(x):\n{deep}    return pyop.tensor(a)"),
+        DType::F32,
+    );
+    let added = tensor_op(
+        "deep_add",
+        &format!("def deep_add(x):\n{deep}    return x + a"),
+        DType::F32,
+    );
+    let rust = tensor_op(
+        "deep_rust",
+        &format!("import pyop\ndef deep_rust(x):\n{deep}    return pyop.rust.echo(a)"),
+        DType::F32,
+    );
+    on_small_thread(move || {
+        expect_err(
+            &out,
+            &x,
+            ErrorKind::OutputMismatch,
+            "nested more than 64 levels",
+        );
+        expect_err(
+            &made,
+            &x,
+            ErrorKind::InvalidArgument,
+            "nested more than 64 levels",
+        );
+        expect_err(
+            &added,
+            &x,
+            ErrorKind::InvalidArgument,
+            "nested more than 64 levels",
+        );
+        expect_err(&rust, &x, ErrorKind::ResourceExhausted, "RecursionError");
+    });
+}
+
+fn f4_recursion_through_rust() {
+    let op = tensor_op(
+        "rec",
+        "import pyop\ndef rec(x, n):\n    return pyop.rust.again(x, n + 1)",
+        DType::F32,
+    );
+    let inner = op.clone();
+    expose("again", move |a| {
+        let y = inner.call(&[Arg::from(a[0].tensor()?), Arg::I64(a[1].i64()?)])?;
+        Ok(Value::from(y.into_iter().next().unwrap()))
+    })
+    .unwrap();
+    let x = t(&[1.]);
+    let check = move || {
+        let err = op.call(&[Arg::from(&x), Arg::I64(0)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+        assert!(err.to_string().contains("RecursionError"), "{err}");
+    };
+    let on_thread = check.clone();
+    check();
+    on_small_thread(on_thread);
+}
+
+// --- F5: allocations too large abort nothing ---
+
+fn f5_allocations() {
+    let x = t(&[1.]);
+    for (name, code) in [
+        (
+            "big_zeros",
+            "import pyop\ndef big_zeros(x):\n    return pyop.zeros((1 << 45,))",
+        ),
+        (
+            "big_ones",
+            "import pyop\ndef big_ones(x):\n    return pyop.ones((1 << 45,))",
+        ),
+        (
+            "big_full",
+            "import pyop\ndef big_full(x):\n    return pyop.full((1 << 45,), 1.0)",
+        ),
+        (
+            "big_arange",
+            "import pyop\ndef big_arange(x):\n    return pyop.arange(0, 1e15)",
+        ),
+        (
+            "big_bcast",
+            "def big_bcast(x):\n    return x.broadcast_to(1 << 45).contiguous()",
+        ),
+        (
+            "big_add",
+            "def big_add(x):\n    return x.broadcast_to(1 << 45) + 1",
+        ),
+    ] {
+        expect_err(
+            &tensor_op(name, code, DType::F32),
+            &x,
+            ErrorKind::ResourceExhausted,
+            "MemoryError",
+        );
+    }
+}
+
+// --- F6, F7: a panic under a timed call is an error, and leaves no armed watchdog ---
+
+#[pyo3::pyfunction]
+#[pyo3(crate = "pyop::interop::pyo3")]
+fn boom(_x: pyo3::Bound<'_, pyo3::PyAny>) -> i64 {
+    panic!("boom in Rust")
+}
+
+fn f6_f7_panics() {
+    let panicking = pyo3::Python::attach(|py| {
+        pyo3::wrap_pyfunction!(boom, py)
+            .unwrap()
+            .into_any()
+            .unbind()
+    });
+    let op = PyOp::builder("boom")
+        .callable(panicking)
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let x = t(&[1.]);
+    let err = op.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Panic, "{err}");
+    assert!(err.to_string().contains("boom in Rust"), "{err}");
+    // The executor goes on, and the dead call's limit never fires into later code.
+    let slow = tensor_op("slow", "import time\ndef slow(x):\n    t0 = time.time()\n    while time.time() - t0 < 1.0:\n        pass\n    return x", DType::F32);
+    assert_eq!(
+        slow.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [1.]
+    );
+    // Checked integer arithmetic: the same OverflowError in debug and release builds.
+    let overflow = tensor_op(
+        "u8_overflow",
+        "import pyop\ndef u8_overflow(x):\n    return pyop.tensor([200], dtype='u8') + 100",
+        DType::U8,
+    );
+    expect_err(&overflow, &x, ErrorKind::OutOfRange, "integer overflow");
+    let sum = tensor_op(
+        "u8_sum",
+        "import pyop\ndef u8_sum(x):\n    return pyop.tensor([250, 10], dtype='u8').sum()",
+        DType::U8,
+    );
+    expect_err(&sum, &x, ErrorKind::OutOfRange, "integer overflow: sum()");
+    let neg = tensor_op(
+        "u32_sub",
+        "import pyop\ndef u32_sub(x):\n    return pyop.tensor([1], dtype='u32') - 2",
+        DType::U32,
+    );
+    expect_err(&neg, &x, ErrorKind::OutOfRange, "outside the range of u32");
+    let fits = tensor_op("i16_ok", "import pyop\ndef i16_ok(x):\n    return pyop.tensor([30000, -30000, 5], dtype='i16').sum() * 2", DType::I16);
+    assert_eq!(
+        fits.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_scalar::<i16>()
+            .unwrap(),
+        10
+    );
+}
+
+// --- F8: `Duration::MAX` is no limit ---
+
+fn f8_duration_max() {
+    let x = t(&[1.]);
+    let op = PyOp::builder("ident")
+        .code("def ident(x):\n    return x")
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(Duration::MAX)
+        .build()
+        .unwrap();
+    op.call(&[Arg::from(&x)]).unwrap();
+    let plain = tensor_op("ident2", "def ident2(x):\n    return x", DType::F32);
+    plain
+        .call_with(&[Arg::from(&x)], &CallOptions::new().timeout(Duration::MAX))
+        .unwrap();
+    plain
+        .call_with(
+            &[Arg::from(&x)],
+            &CallOptions::new().timeout(Duration::from_secs(u64::MAX)),
+        )
+        .unwrap();
+}
+
+// --- F9: a limit firing inside a nested op stays a BaseException ---
+
+fn f9_nested_timeout() {
+    let inner = tensor_op(
+        "inner",
+        "import time\ndef inner(x):\n    time.sleep(0.02)\n    return x",
+        DType::F32,
+    );
+    expose("call_inner", move |a| {
+        Ok(Value::from(
+            inner.call(&[Arg::from(a[0].tensor()?)])?.remove(0),
+        ))
+    })
+    .unwrap();
+    let outer = PyOp::builder("outer")
+        .code("import time\nimport pyop\ndef outer(x):\n    t0 = time.time(); n = 0\n    while time.time() - t0 < 3.0:\n        try:\n            pyop.rust.call_inner(x)\n        except Exception:\n            n += 1\n    return x + n")
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = outer.call(&[Arg::from(&t(&[1.]))]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+// --- F10: the process's first NumPy import under a time limit ---
+
+fn f10_numpy_first_import() {
+    let np_inner = PyOp::builder("np_inner")
+        .code("def np_inner(x):\n    import numpy\n    return numpy.asarray(x) + 1")
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let for_rust = np_inner.clone();
+    expose("np_inner", move |a| {
+        Ok(Value::from(
+            for_rust.call(&[Arg::from(a[0].tensor()?)])?.remove(0),
+        ))
+    })
+    .unwrap();
+    let timed = PyOp::builder("timed")
+        .code("import pyop\ndef timed(x):\n    return pyop.rust.np_inner(x)")
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let x = t(&[1.]);
+    // Interrupted or not, NumPy works afterwards.
+    let _ = timed.call(&[Arg::from(&x)]);
+    assert_eq!(
+        np_inner.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [2.]
+    );
+}
+
+// --- F11, F12, F14: tensor-mode numerics ---
+
+fn f11_f12_f14_numerics() {
+    let x = t(&[1.]);
+    let flags = tensor_op(
+        "flags",
+        "import pyop\n\
+         def flags(x):\n\
+         \x20   out = []\n\
+         \x20   try:\n\
+         \x20       x + None\n\
+         \x20       out.append(0)\n\
+         \x20   except TypeError:\n\
+         \x20       out.append(1)\n\
+         \x20   out.append(1 if (x == 'a') is False else 0)\n\
+         \x20   out.append(1 if (x != None) is True else 0)\n\
+         \x20   class S:\n\
+         \x20       def __rmul__(self, o):\n\
+         \x20           return 'S.__rmul__'\n\
+         \x20   out.append(1 if x * S() == 'S.__rmul__' else 0)\n\
+         \x20   try:\n\
+         \x20       pyop.tensor([1, 2, 3]).mean()\n\
+         \x20       out.append(0)\n\
+         \x20   except TypeError:\n\
+         \x20       out.append(1)\n\
+         \x20   out.append(1 if abs(pyop.tensor([200, 100], dtype='u8')).tolist() == [200, 100] else 0)\n\
+         \x20   try:\n\
+         \x20       int(pyop.tensor(float('nan')))\n\
+         \x20       out.append(0)\n\
+         \x20   except ValueError:\n\
+         \x20       out.append(1)\n\
+         \x20   try:\n\
+         \x20       int(pyop.tensor(float('inf')))\n\
+         \x20       out.append(0)\n\
+         \x20   except OverflowError:\n\
+         \x20       out.append(1)\n\
+         \x20   out.append(1 if int(pyop.tensor(1e30, dtype='f64')) == int(1e30) else 0)\n\
+         \x20   return out\n",
+        DType::I64,
+    );
+    let got = flags.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap();
+    assert_eq!(got, [1; 9], "NotImplemented, mean, abs, int(): {got:?}");
+    let huge = tensor_op("huge", "def huge(x):\n    return 1e300", DType::F32);
+    expect_err(
+        &huge,
+        &x,
+        ErrorKind::OutputMismatch,
+        "out of the range of dtype f32",
+    );
+    let exact = tensor_op("exact", "def exact(x):\n    return 2**25", DType::F32);
+    assert_eq!(
+        exact.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_scalar::<f32>()
+            .unwrap(),
+        33554432.0
+    );
+}
+
+// --- F13: a bad PYTHONHOME is an error, not a process exit ---
+
+fn f13_pythonhome() {
+    let err = pyop::python_env().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PythonUnavailable, "{err}");
+    assert!(
+        err.to_string()
+            .contains("PYTHONHOME is /nonexistent/python"),
+        "{err}"
+    );
+    let err = tensor_op_err();
+    assert_eq!(err.kind(), ErrorKind::PythonUnavailable, "{err}");
+}
+
+fn tensor_op_err() -> pyop::Error {
+    PyOp::builder("never")
+        .code("def never(x):\n    return x")
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap_err()
+}
+
+// --- F16: unclear errors ---
+
+fn f16_errors() {
+    let bad_str = tensor_op(
+        "bad_str",
+        "class BadStr(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\ndef bad_str(x):\n    raise BadStr('the args')",
+        DType::F32,
+    );
+    let err = bad_str.call(&[Arg::from(&t(&[1.]))]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unknown);
+    // Its `repr` stands in for the `str` that raised (before: an empty message).
+    assert!(
+        err.to_string()
+            .starts_with("op `bad_str`: BadStr: BadStr('the args')\n"),
+        "{err}"
+    );
+}
+
+const SCENARIOS: &[(&str, fn())] = &[
+    ("f1_setstate", f1_setstate),
+    ("f2_shapes", f2_shapes),
+    ("f3_deep_lists", f3_deep_lists),
+    ("f4_recursion_through_rust", f4_recursion_through_rust),
+    ("f5_allocations", f5_allocations),
+    ("f6_f7_panics", f6_f7_panics),
+    ("f8_duration_max", f8_duration_max),
+    ("f9_nested_timeout", f9_nested_timeout),
+    ("f10_numpy_first_import", f10_numpy_first_import),
+    ("f11_f12_f14_numerics", f11_f12_f14_numerics),
+    ("f13_pythonhome", f13_pythonhome),
+    ("f16_errors", f16_errors),
+];
+
+fn main() {
+    if let Ok(name) = std::env::var("PYOP_HARDENING") {
+        let (_, f) = SCENARIOS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a scenario");
+        f();
+        println!("ok {name}");
+        return;
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for (name, _) in SCENARIOS {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.env("PYOP_HARDENING", name).env_remove("PYTHONHOME");
+        if *name == "f13_pythonhome" {
+            cmd.env("PYTHONHOME", "/nonexistent/python");
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && stdout.contains(&format!("ok {name}")) {
+            println!("test {name} ... ok");
+            passed += 1;
+        } else {
+            println!(
+                "test {name} ... FAILED ({})\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            failed += 1;
+        }
+    }
+    println!("\n{passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
