@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pyop::candle::{DType, Device, Tensor, Var};
 use pyop::interop::pyo3::prelude::*;
-use pyop::py_op;
+use pyop::{py_op, Arg, OutSpec, PyOp};
 
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]
 fn numpy_ident(x: &Tensor) -> pyop::Result<Tensor>;
@@ -152,6 +152,44 @@ fn backward_pygrad(n: usize) -> Duration {
     )
 }
 
+/// How late a 10 ms time limit interrupts a pure-Python busy loop: the median of (call time −
+/// 10 ms), with `busy` other threads running Python bodies meanwhile (they compete for the GIL,
+/// which the watchdog needs to raise the interrupt).
+fn timeout_latency(busy: usize, calls: usize) -> Duration {
+    let limit = Duration::from_millis(10);
+    let spin = PyOp::builder("spin")
+        .code("def spin(x):\n    while True:\n        pass")
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(limit)
+        .build()
+        .unwrap();
+    let work = PyOp::builder("work")
+        .code("def work(x):\n    s = 0\n    for i in range(20000):\n        s += i\n    return x")
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..busy {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    work.call(&[Arg::from(&x)]).unwrap();
+                }
+            });
+        }
+        let late = (0..calls)
+            .map(|_| {
+                let t = Instant::now();
+                assert!(spin.call(&[Arg::from(&x)]).is_err());
+                t.elapsed().saturating_sub(limit)
+            })
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        median(late)
+    })
+}
+
 /// Time per call, as seen by total throughput, with `threads` Rust threads calling `reduce`.
 fn threads_call(threads: usize, calls: usize) -> Duration {
     let x = Tensor::ones(4 << 20, DType::F32, &Device::Cpu).unwrap();
@@ -209,4 +247,7 @@ fn main() {
     let calls = if quick { 2 } else { 100 };
     report("threads1_call", threads_call(1, calls));
     report("threads2_call", threads_call(2, calls));
+    let calls = if quick { 2 } else { 50 };
+    report("timeout_late_idle", timeout_latency(0, calls));
+    report("timeout_late_busy4", timeout_latency(4, calls));
 }

@@ -114,6 +114,54 @@ impl Drop for Shield {
     }
 }
 
+/// While any limit is armed, the interpreter switches threads at least this often (it is 5 ms by
+/// default): the watchdog needs the GIL to raise the interrupt, and a busy body gives it up only
+/// at a switch.
+const ARMED_SWITCH_INTERVAL: f64 = 0.0005;
+
+/// How many limits are armed, and the switch interval to restore when none is. Changed only
+/// with the GIL held, which orders the changes.
+static SWITCH: Mutex<(usize, f64)> = Mutex::new((0, 0.0));
+
+/// Shortens the interpreter's switch interval while a limit is armed (see
+/// [`ARMED_SWITCH_INTERVAL`]), and restores it when the last one is disarmed.
+fn switch_interval(py: Python<'_>, arming: bool) {
+    let set = {
+        let mut s = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        if arming {
+            s.0 += 1;
+            if s.0 > 1 {
+                return;
+            }
+            None
+        } else {
+            s.0 = s.0.saturating_sub(1);
+            if s.0 > 0 {
+                return;
+            }
+            Some(s.1)
+        }
+    };
+    let Ok(sys) = py.import("sys") else {
+        return;
+    };
+    match set {
+        Some(saved) => {
+            let _ = sys.call_method1("setswitchinterval", (saved,));
+        }
+        None => {
+            let current: f64 = sys
+                .call_method0("getswitchinterval")
+                .and_then(|v| v.extract())
+                .unwrap_or(0.005);
+            SWITCH.lock().unwrap_or_else(|e| e.into_inner()).1 = current;
+            if current > ARMED_SWITCH_INTERVAL {
+                let _ = sys.call_method1("setswitchinterval", (ARMED_SWITCH_INTERVAL,));
+            }
+        }
+    }
+}
+
 /// The watch of one limited call. Dropped on every exit path — a panic unwinding included — it
 /// marks the call done, so the watchdog never fires into whatever the thread runs next, and
 /// clears an interrupt that fired but was not delivered yet.
@@ -158,6 +206,7 @@ pub(crate) fn run_limited<'py>(
     let state = Arc::new(AtomicU8::new(RUNNING));
     // SAFETY: only reads the calling thread's identifier.
     let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
+    switch_interval(py, true);
     let armed = Armed {
         state: state.clone(),
         thread,
@@ -170,6 +219,7 @@ pub(crate) fn run_limited<'py>(
     let result = caught(op, body);
     // Still under the GIL: the watchdog either fired before this line or never will.
     let fired = armed.disarm();
+    switch_interval(py, false);
     let result = result?;
     match result {
         Err(e) if fired && e.is_instance_of::<OpTimeout>(py) => {

@@ -547,7 +547,10 @@ pub(super) fn check_int_range(wide: &Tensor, dtype: DType, what: &str) -> PyResu
         DType::I16 => (i16::MIN as f64, i16::MAX as f64),
         DType::I32 => (i32::MIN as f64, i32::MAX as f64),
         // 2^63 itself is out of range; every f64 below it is in.
-        DType::I64 => (i64::MIN as f64, f64::from_bits((i64::MAX as f64).to_bits() - 1)),
+        DType::I64 => (
+            i64::MIN as f64,
+            f64::from_bits((i64::MAX as f64).to_bits() - 1),
+        ),
         _ => return Ok(()),
     };
     if wide.elem_count() == 0 {
@@ -574,6 +577,14 @@ pub(super) fn check_int_range(wide: &Tensor, dtype: DType, what: &str) -> PyResu
 
 /// The number of elements `a ⊕ b` has (broadcasting), checked.
 pub(super) fn broadcast_count(a: &Tensor, b: &Tensor) -> PyResult<usize> {
+    // The common cases without building the broadcast shape: equal shapes, or a one-element
+    // operand (a Python number), whose broadcast has the other operand's size.
+    if a.dims() == b.dims() || b.elem_count() == 1 {
+        return Ok(a.elem_count());
+    }
+    if a.elem_count() == 1 {
+        return Ok(b.elem_count());
+    }
     let shape = a
         .shape()
         .broadcast_shape_binary_op(b.shape(), "broadcast")
