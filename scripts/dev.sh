@@ -49,6 +49,9 @@ case "${1:-}" in
     cargo fmt --all -- --check
     cargo build --examples            # tests/examples_tests.rs runs them
     cargo test --workspace --all-targets
+    # The audit's scenarios again in a release build, where candle's integer arithmetic and
+    # shape products would wrap instead of panicking: pyop's checks must hold in both.
+    cargo test --release --test hardening
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')

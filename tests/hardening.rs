@@ -467,6 +467,46 @@ fn f11_f12_f14_numerics() {
     );
 }
 
+#[py_op(code = r#"
+import numpy as np
+def list_sum(xs):
+    return xs[0].sum()
+def list_sum_grad(inputs, outputs, grads):
+    return (np.ones_like(inputs[0][0]) * grads[0],)
+"#, numpy, tout = f32, grad = "list_sum_grad")]
+fn list_sum(xs: &[Tensor]) -> pyop::Result<Tensor>;
+
+fn f14_outputs_and_gradients() {
+    let x = t(&[1.]);
+    let masked = numpy_op(
+        "masked",
+        "import numpy as np
+def masked(x):
+    return np.ma.masked_array(np.float32([1, 2, 3]), mask=[0, 1, 0])",
+    );
+    expect_err(
+        &masked,
+        &x,
+        ErrorKind::OutputMismatch,
+        "a masked array is not a tensor",
+    );
+    let scalars = numpy_op(
+        "scalars",
+        "import numpy as np
+def scalars(x):
+    return [np.float32(1), np.float32(2)]",
+    );
+    let got = scalars.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(got, [1., 2.]);
+    // A `&[Tensor]` of one tensor: its gradient may come as `(g,)`, as for two it is `(g1, g2)`.
+    let v = pyop::candle::Var::new(&[1f32, 2.], &Device::Cpu).unwrap();
+    let y = list_sum(&[v.as_tensor().clone()]).unwrap();
+    let g = y.backward().unwrap();
+    assert_eq!(g.get(&v).unwrap().to_vec1::<f32>().unwrap(), [1., 1.]);
+}
+
 // --- F13: a bad PYTHONHOME is an error, not a process exit ---
 
 fn f13_pythonhome() {
@@ -518,6 +558,7 @@ const SCENARIOS: &[(&str, fn())] = &[
     ("f9_nested_timeout", f9_nested_timeout),
     ("f10_numpy_first_import", f10_numpy_first_import),
     ("f11_f12_f14_numerics", f11_f12_f14_numerics),
+    ("f14_outputs_and_gradients", f14_outputs_and_gradients),
     ("f13_pythonhome", f13_pythonhome),
     ("f16_errors", f16_errors),
 ];

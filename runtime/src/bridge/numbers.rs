@@ -164,6 +164,15 @@ pub(crate) fn array_to_tensor(
     dtype: Option<DType>,
     array: &Bound<'_, PyUntypedArray>,
 ) -> std::result::Result<Tensor, String> {
+    // A masked array's mask would be silently dropped: refuse it, as an object array is.
+    let module: String = array
+        .get_type()
+        .getattr("__module__")
+        .and_then(|m| m.extract())
+        .unwrap_or_default();
+    if module.starts_with("numpy.ma") {
+        return Err("a masked array is not a tensor: fill it first (`a.filled(value)`)".into());
+    }
     let descr = array.dtype();
     let dtype = match (candle_dtype(&descr), dtype) {
         (Some(have), Some(want)) if have == want => want,
@@ -290,8 +299,37 @@ pub(crate) fn scalar(v: &Bound<'_, PyAny>) -> std::result::Result<Scalar, String
         ))
     } else if v.is_instance_of::<PyDict>() {
         Err("expected numbers, got a dict".into())
+    } else if let Some(s) = numpy_scalar(v) {
+        Ok(s)
     } else {
         Err(format!("expected numbers, got {}", describe_value(v)))
+    }
+}
+
+/// A NumPy bool, integer or float scalar (`np.float32(1)`) as a [`Scalar`], as one inside a
+/// list is taken like a Python number.
+fn numpy_scalar(v: &Bound<'_, PyAny>) -> Option<Scalar> {
+    let np = crate::python::numpy::numpy_if_loaded(v.py()).ok()??;
+    if !v.is_instance(np.generic.bind(v.py())).ok()? {
+        return None;
+    }
+    let kind: String = v
+        .getattr("dtype")
+        .ok()?
+        .getattr("kind")
+        .ok()?
+        .extract()
+        .ok()?;
+    match kind.as_str() {
+        "b" => Some(Scalar::Bool(v.is_truthy().ok()?)),
+        "i" => Some(Scalar::Int(v.call_method0("__int__").ok()?.extract().ok()?)),
+        "u" => Some(Scalar::UInt(
+            v.call_method0("__int__").ok()?.extract().ok()?,
+        )),
+        "f" => Some(Scalar::Float(
+            v.call_method0("__float__").ok()?.extract().ok()?,
+        )),
+        _ => None,
     }
 }
 

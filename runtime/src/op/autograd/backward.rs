@@ -181,6 +181,8 @@ impl Node {
                 Arg::Tensors(ts) if entry.is_none() => vec![entry; ts.len()],
                 Arg::Tensors(ts) => match seq(&entry) {
                     Some(items) if items.len() == ts.len() => items,
+                    // A list of one tensor: its gradient may come bare, as `(g,)` for the op.
+                    None if ts.len() == 1 => vec![entry],
                     _ => {
                         return Err(mismatch(
                             Some(flat_index),
