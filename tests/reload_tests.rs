@@ -74,6 +74,18 @@ fn an_edited_file_is_reloaded() {
     edit(&path, "def body(x):\n    return x - 1\n");
     assert_eq!(call(&op), [0., 1.]);
     assert_eq!(op.last_reload_error(), None);
+
+    // Broken again, then restored to exactly the text in use: the error is cleared too.
+    edit(&path, "def body(x):\n    return (x\n");
+    assert_eq!(call(&op), [0., 1.]);
+    assert!(op.last_reload_error().is_some());
+    edit(&path, "def body(x):\n    return x - 1\n");
+    assert_eq!(call(&op), [0., 1.]);
+    assert_eq!(
+        op.last_reload_error(),
+        None,
+        "the restored file is good again"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -470,7 +470,15 @@ impl PyTensor {
         self.t(py)
     }
     fn unsqueeze(&self, py: Python<'_>, d: isize) -> PyResult<PyTensor> {
-        let d = dim(d, self.tensor.rank() + 1)?;
+        // A new dim may go at any of rank + 1 places; the message counts the tensor's own dims.
+        let rank = self.tensor.rank();
+        let d = dim(d, rank + 1).map_err(|_| {
+            PyIndexError::new_err(format!(
+                "unsqueeze({d}) is out of range for a tensor of {rank} dimensions (a new \
+                 dimension goes at -{} … {rank})",
+                rank + 1
+            ))
+        })?;
         self.unary(py, move |t| t.unsqueeze(d))
     }
     /// Removes `dim` (which must have size 1), or every size-1 dim.
@@ -531,6 +539,12 @@ impl PyTensor {
         let mut d = 0;
         for k in keys {
             let size = t.dims()[d];
+            // An int too large for isize is out of range, as in Python (`IndexError`).
+            if k.is_instance_of::<pyo3::types::PyInt>() && k.extract::<isize>().is_err() {
+                return Err(PyIndexError::new_err(format!(
+                    "index {k} is out of range for a dimension of size {size}"
+                )));
+            }
             if let Ok(i) = k.extract::<isize>() {
                 let j = if i < 0 { i + size as isize } else { i };
                 if j < 0 || j >= size as isize {
