@@ -164,14 +164,22 @@ pub(crate) fn array_to_tensor(
     dtype: Option<DType>,
     array: &Bound<'_, PyUntypedArray>,
 ) -> std::result::Result<Tensor, String> {
-    // A masked array's mask would be silently dropped: refuse it, as an object array is.
-    let module: String = array
-        .get_type()
-        .getattr("__module__")
-        .and_then(|m| m.extract())
-        .unwrap_or_default();
-    if module.starts_with("numpy.ma") {
-        return Err("a masked array is not a tensor: fill it first (`a.filled(value)`)".into());
+    // A masked array's mask would be silently dropped: refuse it, as an object array is. Only
+    // ndarray subclasses are asked (a plain ndarray, the common case, costs a pointer compare).
+    // SAFETY: reading the type of a live object, and NumPy's ndarray type object.
+    let exact = unsafe {
+        pyo3::ffi::Py_TYPE(array.as_ptr())
+            == numpy::npyffi::get_type_object(py, numpy::npyffi::NpyTypes::PyArray_Type)
+    };
+    if !exact {
+        let module: String = array
+            .get_type()
+            .getattr("__module__")
+            .and_then(|m| m.extract())
+            .unwrap_or_default();
+        if module.starts_with("numpy.ma") {
+            return Err("a masked array is not a tensor: fill it first (`a.filled(value)`)".into());
+        }
     }
     let descr = array.dtype();
     let dtype = match (candle_dtype(&descr), dtype) {
