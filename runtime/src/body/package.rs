@@ -73,14 +73,8 @@ pub(crate) fn install(
     replace: bool,
 ) -> PyResult<()> {
     let install = INSTALL.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        let builtins = py.import("builtins")?;
-        let code = builtins.getattr("compile")?.call1((
-            IMPORTER,
-            crate::python::errors::PYOP_FRAMES,
-            "exec",
-        ))?;
         let namespace = PyDict::new(py);
-        builtins.getattr("exec")?.call1((code, &namespace))?;
+        crate::python::errors::run_pyop_code(py, IMPORTER, &namespace)?;
         Ok(namespace
             .get_item("_install_package")?
             .expect("importer.py defines _install_package")

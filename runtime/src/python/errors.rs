@@ -71,6 +71,20 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
 /// its frames are left out of the tracebacks users see.
 pub(crate) const PYOP_FRAMES: &str = "<pyop>";
 
+/// Runs pyop's own Python `code` in `namespace`, compiled under [`PYOP_FRAMES`].
+pub(crate) fn run_pyop_code(
+    py: Python<'_>,
+    code: &str,
+    namespace: &Bound<'_, pyo3::types::PyDict>,
+) -> PyResult<()> {
+    let builtins = py.import("builtins")?;
+    let compiled = builtins
+        .getattr("compile")?
+        .call1((code, PYOP_FRAMES, "exec"))?;
+    builtins.getattr("exec")?.call1((compiled, namespace))?;
+    Ok(())
+}
+
 /// Formats a traceback with Python's `traceback` module, which reads source lines through
 /// `linecache` (where pyop puts embedded and inline sources), unlike `PyTraceBack_Print`. Frames
 /// of pyop's own code and of the import machinery are left out: they say nothing about the

@@ -1,7 +1,7 @@
 //! The module functions of `pyop`: tensors made on the running op's device, `cat`, `stack`,
 //! `where`.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Shape, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -102,10 +102,19 @@ pub(super) fn zeros_like(
     x: &Bound<'_, PyTensor>,
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
+    like(x, dtype, |s, d, dev| Tensor::zeros(s, d, dev))
+}
+
+/// A tensor of `x`'s shape and device (and dtype, unless given), made by `make`.
+fn like(
+    x: &Bound<'_, PyTensor>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    make: fn(&Shape, DType, &Device) -> candle_core::Result<Tensor>,
+) -> PyResult<PyTensor> {
     let t = &x.get().tensor;
     let dtype = dtype_or(dtype, t.dtype())?;
     allocatable(Some(t.elem_count()), dtype, "a tensor")?;
-    Tensor::zeros(t.shape(), dtype, t.device())
+    make(t.shape(), dtype, t.device())
         .map(wrap)
         .map_err(value_error)
 }
@@ -117,12 +126,7 @@ pub(super) fn ones_like(
     x: &Bound<'_, PyTensor>,
     dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
-    let t = &x.get().tensor;
-    let dtype = dtype_or(dtype, t.dtype())?;
-    allocatable(Some(t.elem_count()), dtype, "a tensor")?;
-    Tensor::ones(t.shape(), dtype, t.device())
-        .map(wrap)
-        .map_err(value_error)
+    like(x, dtype, |s, d, dev| Tensor::ones(s, d, dev))
 }
 
 /// `pyop.arange(start, end, step=1, dtype=None)` (or `arange(end)`).

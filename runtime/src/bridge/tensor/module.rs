@@ -29,13 +29,7 @@ pub(crate) fn install(py: Python<'_>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stack, &m)?)?;
     m.add_function(wrap_pyfunction!(where_, &m)?)?;
     // Compiled under the name `<pyop>`, so that tracebacks can leave pyop's own frames out.
-    let builtins = py.import("builtins")?;
-    let glue = builtins.getattr("compile")?.call1((
-        MODULE_GLUE,
-        crate::python::errors::PYOP_FRAMES,
-        "exec",
-    ))?;
-    builtins.getattr("exec")?.call1((glue, m.dict()))?;
+    crate::python::errors::run_pyop_code(py, MODULE_GLUE, &m.dict())?;
     let rust = PyModule::new(py, "pyop.rust")?;
     rust.setattr(
         "__doc__",
