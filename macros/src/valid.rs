@@ -7,13 +7,32 @@ use crate::ast::{Function, ParamKind, Returns};
 use crate::attr::{KeyName, Options, Tout};
 use crate::ctxt::Ctxt;
 
+/// The longest output tuple the runtime's `FromOutputs` covers.
+pub const MAX_OUTPUTS: usize = 12;
+
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
+    check_output_count(cx, f);
     check_one_source(cx, opts);
     check_package_module(cx, opts);
     if let Some(tout) = tout_declared(cx, opts) {
         check_tout_arity(cx, tout, f);
         check_like_params(cx, tout, f);
         check_numpy_dtypes(cx, opts, tout);
+    }
+}
+
+/// A tuple of at most [`MAX_OUTPUTS`] tensors (what the generated code can hand back).
+fn check_output_count(cx: &Ctxt, f: &Function<'_>) {
+    if let Some(Returns::Tuple(n)) = &f.returns {
+        if *n > MAX_OUTPUTS {
+            cx.error_spanned_by(
+                &f.output,
+                format!(
+                    "a #[py_op] function returns at most {MAX_OUTPUTS} tensors, not {n}: return \
+                     fewer, or group outputs into one tensor (e.g. `Tensor::stack`)"
+                ),
+            );
+        }
     }
 }
 
