@@ -229,13 +229,19 @@ fn package_source(
     collect_py(&root, "", &mut files).map_err(|e| {
         syn::Error::new(
             lit.span(),
-            format!("cannot read the package folder {}: {e}", root.display()),
+            match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "no package folder `{rel}` (a `package` path is relative to the crate's \
+                     Cargo.toml)"
+                ),
+                _ => format!("cannot read the package folder `{rel}`: {e}"),
+            },
         )
     })?;
     if files.is_empty() {
         return Err(syn::Error::new(
             lit.span(),
-            format!("the package folder {} has no .py files", root.display()),
+            format!("the package folder `{rel}` has no .py files"),
         ));
     }
     files.sort();

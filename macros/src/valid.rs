@@ -13,6 +13,7 @@ pub const MAX_OUTPUTS: usize = 12;
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
     check_output_count(cx, f);
     check_one_source(cx, opts);
+    check_file_exists(cx, opts);
     check_package_module(cx, opts);
     if let Some(tout) = tout_declared(cx, opts) {
         check_tout_arity(cx, tout, f);
@@ -64,6 +65,22 @@ fn check_one_source(cx: &Ctxt, opts: &Options) {
                 );
             }
         }
+    }
+}
+
+/// A `file` is there, relative to the crate's Cargo.toml (said in the macro's words rather than
+/// as `include_str!`'s failure on an absolute path).
+fn check_file_exists(cx: &Ctxt, opts: &Options) {
+    let Some(file) = &opts.file else {
+        return;
+    };
+    let rel = file.value.value();
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    if !std::path::Path::new(&manifest).join(&rel).is_file() {
+        cx.error_spanned_by(
+            &file.value,
+            format!("no file `{rel}` (a `file` path is relative to the crate's Cargo.toml)"),
+        );
     }
 }
 
