@@ -321,6 +321,59 @@ fn f6_f7_panics() {
     );
 }
 
+// --- F5, F6 corners: i64 checked exactly (f64 is not), a matmul larger than its operands ---
+
+fn f5_f6_corners() {
+    let x = t(&[1.]);
+    for (name, code) in [
+        (
+            "i64_min_minus",
+            "import pyop\ndef i64_min_minus(x):\n    return pyop.tensor([-2**63]) - 1",
+        ),
+        (
+            "i64_mul",
+            "import pyop\ndef i64_mul(x):\n    return pyop.tensor([89547301328687144]) * 103",
+        ),
+        (
+            "i64_abs",
+            "import pyop\ndef i64_abs(x):\n    return abs(pyop.tensor([-2**63]))",
+        ),
+        (
+            "i64_neg",
+            "import pyop\ndef i64_neg(x):\n    return -pyop.tensor([-2**63])",
+        ),
+        (
+            "i64_pow",
+            "import pyop\ndef i64_pow(x):\n    return pyop.tensor([2**32]) ** 2",
+        ),
+    ] {
+        expect_err(
+            &tensor_op(name, code, DType::I64),
+            &x,
+            ErrorKind::OutOfRange,
+            "integer overflow",
+        );
+    }
+    // i64::MAX passes through `+ 0`, `* 1` and `abs` unrefused.
+    let i64_max = tensor_op(
+        "i64_max",
+        "import pyop\ndef i64_max(x):\n    m = pyop.tensor([2**63 - 1])\n    return (m + 0) * 1 + abs(m) * 0",
+        DType::I64,
+    );
+    assert_eq!(
+        i64_max.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<i64>()
+            .unwrap(),
+        [i64::MAX]
+    );
+    let matmul = tensor_op(
+        "big_matmul",
+        "import pyop\ndef big_matmul(x):\n    n = 1 << 23\n    return pyop.zeros((n, 2)) @ pyop.zeros((2, n))",
+        DType::F32,
+    );
+    expect_err(&matmul, &x, ErrorKind::ResourceExhausted, "MemoryError");
+}
+
 // --- F8: `Duration::MAX` is no limit ---
 
 fn f8_duration_max() {
@@ -554,6 +607,7 @@ const SCENARIOS: &[(&str, fn())] = &[
     ("f4_recursion_through_rust", f4_recursion_through_rust),
     ("f5_allocations", f5_allocations),
     ("f6_f7_panics", f6_f7_panics),
+    ("f5_f6_corners", f5_f6_corners),
     ("f8_duration_max", f8_duration_max),
     ("f9_nested_timeout", f9_nested_timeout),
     ("f10_numpy_first_import", f10_numpy_first_import),

@@ -165,15 +165,30 @@ pub(crate) fn preflight() -> Result<()> {
         }
         let home = std::env::var_os("PYTHONHOME").filter(|h| !h.is_empty())?;
         let home = home.to_string_lossy();
-        let prefix = Path::new(home.split(':').next().unwrap_or(&home));
+        // `prefix[:exec_prefix]`, with the platform's path-list separator.
+        let separator = if cfg!(windows) { ';' } else { ':' };
+        let prefix = Path::new(home.split(separator).next().unwrap_or(&home));
         let version = major_minor(&built_interpreter().version).to_owned();
-        let stdlib = [
-            prefix.join("lib").join(format!("python{version}")),
-            prefix.join("Lib"),
-        ];
-        let found = stdlib
-            .iter()
-            .any(|lib| lib.join("encodings").join("__init__.py").is_file());
+        let compact = version.replace('.', "");
+        // Where CPython looks, for every layout it ships: `lib` or `lib64` (platlibdir), the
+        // free-threaded `pythonX.Yt`, Windows' `Lib`, and a zipped standard library.
+        let mut stdlib = Vec::new();
+        for lib in ["lib", "lib64"] {
+            for dir in [format!("python{version}"), format!("python{version}t")] {
+                stdlib.push(prefix.join(lib).join(dir));
+            }
+        }
+        stdlib.push(prefix.join("Lib"));
+        let zipped = ["lib", "lib64"].iter().any(|lib| {
+            prefix
+                .join(lib)
+                .join(format!("python{compact}.zip"))
+                .is_file()
+        }) || prefix.join(format!("python{compact}.zip")).is_file();
+        let found = zipped
+            || stdlib
+                .iter()
+                .any(|lib| lib.join("encodings").join("__init__.py").is_file());
         (!found).then(|| {
             format!(
                 "PYTHONHOME is {home}, which has no standard library of Python {version} (no \

@@ -170,14 +170,46 @@ struct Armed {
     thread: std::ffi::c_ulong,
 }
 
+thread_local! {
+    /// The watches of the limited calls running on this thread, innermost last (a body that
+    /// called Rust that called a limited op).
+    static ENCLOSING: std::cell::RefCell<Vec<Arc<AtomicU8>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Armed {
+    fn new(state: Arc<AtomicU8>, thread: std::ffi::c_ulong) -> Self {
+        ENCLOSING.with(|s| s.borrow_mut().push(state.clone()));
+        Armed { state, thread }
+    }
+
     /// Marks the call done; whether the limit fired first.
     fn disarm(&self) -> bool {
+        ENCLOSING.with(|s| {
+            let mut s = s.borrow_mut();
+            if let Some(i) = s.iter().rposition(|w| Arc::ptr_eq(w, &self.state)) {
+                s.remove(i);
+            }
+        });
         let fired = self.state.swap(DONE, Ordering::AcqRel) == FIRED;
         if fired {
             // SAFETY: called with the GIL held (the call's own); a null exception clears one
             // still pending on this thread.
             unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(self.thread as _, std::ptr::null_mut()) };
+            // That also cleared the interrupt of an enclosing call whose limit fired meanwhile
+            // (the watchdog has dropped its watch): raise it again, for that call to see.
+            let enclosing_fired = ENCLOSING.with(|s| {
+                s.borrow()
+                    .iter()
+                    .any(|w| w.load(Ordering::Acquire) == FIRED)
+            });
+            if enclosing_fired {
+                Python::attach(|py| {
+                    let exc = py.get_type::<OpTimeout>();
+                    // SAFETY: the GIL is held; `exc` is a live exception type.
+                    unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(self.thread as _, exc.as_ptr()) };
+                });
+            }
         }
         fired
     }
@@ -207,10 +239,7 @@ pub(crate) fn run_limited<'py>(
     // SAFETY: only reads the calling thread's identifier.
     let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
     switch_interval(py, true);
-    let armed = Armed {
-        state: state.clone(),
-        thread,
-    };
+    let armed = Armed::new(state.clone(), thread);
     let _ = watchdog().send(Watch {
         deadline,
         thread,

@@ -208,14 +208,27 @@ impl PyTensor {
 
     /// An integer op computed in f64 first and range-checked (see [`check_int_range`]); floats
     /// go straight to `f`.
+    /// For i64, where f64 is not exact, `exact` does the op per element with Rust's checked
+    /// arithmetic instead.
     pub(super) fn int_checked(
         &self,
         py: Python<'_>,
         what: &str,
         f: impl Fn(&Tensor) -> CResult<Tensor> + Send + Sync,
+        exact: impl Fn(i64) -> Option<i64>,
     ) -> PyResult<PyTensor> {
         let dtype = self.tensor.dtype();
-        if !dtype.is_float() {
+        if dtype == DType::I64 {
+            let values = self
+                .tensor
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<i64>())
+                .map_err(value_error)?;
+            if values.iter().any(|&v| exact(v).is_none()) {
+                return Err(int_overflow(what, dtype));
+            }
+        } else if !dtype.is_float() {
+            allocatable(Some(self.n()), DType::F64, "the result")?;
             let t = &self.tensor;
             let wide = compute(py, self.n(), || f(&t.to_dtype(DType::F64)?))?;
             check_int_range(&wide, dtype, what)?;
@@ -302,6 +315,25 @@ impl PyTensor {
         compute(py, n, || f(a, b)).map(|t| Some(wrap(t)))
     }
 
+    /// `self @ other` (or `other @ self`): its result can be far larger than either operand, so
+    /// its own size is checked before candle allocates it.
+    pub(super) fn matmul_with(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyAny>,
+        reflected: bool,
+    ) -> PyResult<Py<PyAny>> {
+        if let Some(o) = self.operand(py, other)? {
+            let (a, b) = if reflected {
+                (&o, &self.tensor)
+            } else {
+                (&self.tensor, &o)
+            };
+            allocatable(matmul_count(a, b), self.tensor.dtype(), "the result of @")?;
+        }
+        self.binary(py, other, reflected, matmul)
+    }
+
     /// `+ - *` on this tensor: integer results range-checked (see [`check_int_range`]).
     pub(super) fn arith(
         &self,
@@ -321,10 +353,15 @@ impl PyTensor {
                 };
                 let n = broadcast_count(a, b)?;
                 allocatable(Some(n), DType::F64, "the result")?;
-                let wide = compute(py, n, || {
-                    f(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?)
-                })?;
-                check_int_range(&wide, dtype, what)?;
+                if dtype == DType::I64 {
+                    // f64 is not exact for i64: check each element with Rust's own arithmetic.
+                    exact_i64(a, b, what)?;
+                } else {
+                    let wide = compute(py, n, || {
+                        f(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?)
+                    })?;
+                    check_int_range(&wide, dtype, what)?;
+                }
             }
         }
         self.binary(py, other, reflected, f)
@@ -596,4 +633,49 @@ pub(super) fn broadcast_count(a: &Tensor, b: &Tensor) -> PyResult<usize> {
             b.dims()
         ))
     })
+}
+
+/// The `OverflowError` of a checked integer op.
+fn int_overflow(what: &str, dtype: DType) -> PyErr {
+    PyOverflowError::new_err(format!(
+        "integer overflow: {what} gives values outside the range of {} (convert with \
+         .to_dtype() first)",
+        dtype.as_str()
+    ))
+}
+
+/// `a ⊕ b` on i64 tensors, checked element by element (`+`, `-` or `*`).
+fn exact_i64(a: &Tensor, b: &Tensor, what: &str) -> PyResult<()> {
+    let op: fn(i64, i64) -> Option<i64> = match what {
+        "+" => i64::checked_add,
+        "-" => i64::checked_sub,
+        "*" => i64::checked_mul,
+        _ => return Ok(()),
+    };
+    let shape = a
+        .shape()
+        .broadcast_shape_binary_op(b.shape(), "broadcast")
+        .map_err(value_error)?;
+    let values = |t: &Tensor| {
+        t.broadcast_as(shape.clone())
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(value_error)
+    };
+    let (xs, ys) = (values(a)?, values(b)?);
+    if xs.iter().zip(&ys).any(|(&x, &y)| op(x, y).is_none()) {
+        return Err(int_overflow(what, DType::I64));
+    }
+    Ok(())
+}
+
+/// The number of elements of `a @ b` (matmul's rules: batch dims broadcast, a 1-d operand
+/// counts as a row or a column), `None` if it overflows.
+pub(super) fn matmul_count(a: &Tensor, b: &Tensor) -> Option<usize> {
+    let (ad, bd) = (a.dims(), b.dims());
+    let m = if ad.len() >= 2 { ad[ad.len() - 2] } else { 1 };
+    let n = if bd.len() >= 2 { bd[bd.len() - 1] } else { 1 };
+    let batch = |d: &[usize]| elem_count(&d[..d.len().saturating_sub(2)]);
+    let batch = batch(ad)?.max(batch(bd)?);
+    elem_count(&[batch, m, n])
 }

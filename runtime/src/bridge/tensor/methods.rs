@@ -171,10 +171,10 @@ impl PyTensor {
         self.binary(py, o, true, |a, b| a.broadcast_div(b))
     }
     fn __matmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.binary(py, o, false, matmul)
+        self.matmul_with(py, o, false)
     }
     fn __rmatmul__(&self, py: Python<'_>, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.binary(py, o, true, matmul)
+        self.matmul_with(py, o, true)
     }
 
     fn __pow__(
@@ -201,13 +201,19 @@ impl PyTensor {
                     return Ok(Bound::new(py, r)?.into_any().unbind());
                 }
                 if e >= 0.0 && e.fract() == 0.0 {
-                    let r = self.int_checked(py, "**", move |t| {
-                        if t.dtype().is_float() {
-                            t.powf(e)
-                        } else {
-                            powi(t, e as u64)
-                        }
-                    })?;
+                    let exp = u32::try_from(e as u64).ok();
+                    let r = self.int_checked(
+                        py,
+                        "**",
+                        move |t| {
+                            if t.dtype().is_float() {
+                                t.powf(e)
+                            } else {
+                                powi(t, e as u64)
+                            }
+                        },
+                        move |v| exp.and_then(|e| v.checked_pow(e)),
+                    )?;
                     return Ok(Bound::new(py, r)?.into_any().unbind());
                 }
                 return Err(PyValueError::new_err(format!(
@@ -234,7 +240,12 @@ impl PyTensor {
         if self.tensor.dtype().is_float() {
             self.unary(py, |t| t.neg())
         } else {
-            self.int_checked(py, "negation", |t| t.zeros_like()?.broadcast_sub(t))
+            self.int_checked(
+                py,
+                "negation",
+                |t| t.zeros_like()?.broadcast_sub(t),
+                i64::checked_neg,
+            )
         }
     }
 
@@ -249,13 +260,18 @@ impl PyTensor {
             DType::U8 | DType::U32 => Ok(wrap(self.tensor.clone())),
             // candle's unary kernels are float-only: |t| = max(t, 0 - t) for signed integers,
             // checked (|i64::MIN| does not fit).
-            _ => self.int_checked(py, "abs()", |t| {
-                if t.dtype().is_float() {
-                    t.abs()
-                } else {
-                    t.maximum(&t.zeros_like()?.sub(t)?)
-                }
-            }),
+            _ => self.int_checked(
+                py,
+                "abs()",
+                |t| {
+                    if t.dtype().is_float() {
+                        t.abs()
+                    } else {
+                        t.maximum(&t.zeros_like()?.sub(t)?)
+                    }
+                },
+                i64::checked_abs,
+            ),
         }
     }
 
