@@ -345,7 +345,8 @@ impl PyTensor {
     ) -> PyResult<Py<PyAny>> {
         let dtype = self.tensor.dtype();
         if !dtype.is_float() {
-            if let Some(o) = self.operand(py, other)? {
+            // Operands of two dtypes are candle's error to report, below.
+            if let Some(o) = self.operand(py, other)?.filter(|o| o.dtype() == dtype) {
                 let (a, b) = if reflected {
                     (&o, &self.tensor)
                 } else {
