@@ -43,6 +43,9 @@ case "${1:-}" in
   test)
     # The suite sets these itself where it needs them.
     unset PYOP_HOT_RELOAD PYOP_PYTHON_ENV PYOP_BREAKPOINT PYOP_TRACE
+    # Some test bodies check with Python `assert`, which PYTHONOPTIMIZE would strip
+    # (tests/devx_tests.rs checks that asserts run).
+    unset PYTHONOPTIMIZE
     if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
       rustup component add rustfmt clippy
     fi

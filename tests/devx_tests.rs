@@ -363,3 +363,19 @@ fn one_package_walk_rule_at_compile_and_run_time() {
         "dot-folders are skipped: {embedded:?}"
     );
 }
+
+/// Test bodies that check with Python `assert` rely on asserts running: PYTHONOPTIMIZE would
+/// strip them silently (scripts/dev.sh unsets it; this fails if it is set anyway).
+#[test]
+fn python_asserts_run_in_the_test_suite() {
+    let op = PyOp::builder("asserts")
+        .code("def asserts(x):\n    assert False, 'asserts run'\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let err = op.call(&[Arg::from(&x())]).unwrap_err();
+    assert!(
+        err.to_string().contains("AssertionError: asserts run"),
+        "Python asserts are stripped (PYTHONOPTIMIZE?): {err}"
+    );
+}
