@@ -96,9 +96,6 @@ pub(crate) fn shared_module<'py>(
     op: &str,
     source: &Source,
 ) -> Result<Bound<'py, PyAny>> {
-    // Loading a source imports what it imports (NumPy, …): never interrupted half-way by the
-    // time limit of a body that happens to trigger it (a nested op's first call).
-    let _shield = Shield::new();
     match source {
         Source::Module(name) => return import(py, op, name),
         Source::Package { .. } => return package_module(py, op, source, false),
@@ -169,7 +166,6 @@ pub(crate) fn private_module<'py>(
     op: &str,
     source: &Source,
 ) -> Result<Bound<'py, PyAny>> {
-    let _shield = Shield::new();
     match source {
         Source::Module(name) => import(py, op, name),
         Source::Code { .. } => load(py, op, source, true),
@@ -195,6 +191,7 @@ pub(crate) fn package_module<'py>(
     else {
         unreachable!("called for packages only")
     };
+    let _shield = Shield::new();
     let run = || -> PyResult<Bound<'py, PyAny>> {
         super::package::install(py, name, root, files, replace)?;
         PyModule::import(py, "importlib")?.call_method1("import_module", (module.as_ref(),))
@@ -212,6 +209,7 @@ pub(crate) fn forget_lines(py: Python<'_>, source: &Source) {
 }
 
 fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny>> {
+    let _shield = Shield::new();
     py.import(name)
         .map(Bound::into_any)
         .map_err(|e| source_error(py, op, &format!("the module `{name}`"), e))
@@ -221,6 +219,10 @@ fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny
 fn source_error(py: Python<'_>, op: &str, what: &str, e: PyErr) -> Error {
     python_error(py, op, e).with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
 }
+
+// Each loader below runs under a `Shield`: loading a source imports what it imports (NumPy, …)
+// and must never be interrupted half-way by the time limit of a body that happens to trigger it
+// (a nested op's first call, a hot reload).
 
 /// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
 /// tracebacks through an embedded source show its lines even where the file is absent.
@@ -247,6 +249,7 @@ fn load<'py>(
     } else {
         text
     };
+    let _shield = Shield::new();
     let run = || -> PyResult<Bound<'py, PyAny>> {
         let module = PyModule::new(py, &format!("pyop_body_{op}"))?;
         module.setattr("__file__", filename)?;

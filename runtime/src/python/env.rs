@@ -62,6 +62,16 @@ pub struct Interpreter {
     pub executable: Option<PathBuf>,
 }
 
+impl Interpreter {
+    /// The installation's `python`, as a command to show in a hint (`pythonX.Y` if unknown).
+    fn command(&self) -> String {
+        match &self.executable {
+            Some(p) => p.display().to_string(),
+            None => format!("python{}", major_minor(&self.version)),
+        }
+    }
+}
+
 /// Which Python environment the interpreter was given and why, and what is wrong with the set-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -116,10 +126,7 @@ impl PythonEnv {
 
     /// The running installation's `python`, as a command to show in a hint.
     pub(crate) fn running_executable(&self) -> String {
-        match &self.running.executable {
-            Some(p) => p.display().to_string(),
-            None => format!("python{}", major_minor(&self.running.version)),
-        }
+        self.running.command()
     }
 
     /// Where the environment was found, for messages.
@@ -515,11 +522,7 @@ fn environment_problem(
             running.version
         ));
     }
-    let exe = running
-        .executable
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| format!("python{}", major_minor(&running.version)));
+    let exe = running.command();
     let recreate = format!(
         "recreate it with the embedded interpreter, `{exe} -m venv --clear {}`, then reinstall \
          its packages, e.g. `{} -m pip install numpy`",

@@ -304,15 +304,31 @@ impl PyTensor {
         let Some(o) = self.operand(py, other)? else {
             return Ok(None);
         };
-        let (a, b) = if reflected {
-            (&o, &self.tensor)
+        let (a, b) = self.ordered(&o, reflected);
+        let n = result_count(a, b)?;
+        self.run_binary(py, a, b, n, f).map(Some)
+    }
+
+    /// `(self, o)`, or `(o, self)` for a reflected operator.
+    fn ordered<'a>(&'a self, o: &'a Tensor, reflected: bool) -> (&'a Tensor, &'a Tensor) {
+        if reflected {
+            (o, &self.tensor)
         } else {
-            (&self.tensor, &o)
-        };
-        // Broadcasting ops: the broadcast shape's size; others (matmul): the larger operand's.
-        let n = broadcast_count(a, b).unwrap_or_else(|_| a.elem_count().max(b.elem_count()));
+            (&self.tensor, o)
+        }
+    }
+
+    /// `f(a, b)`, whose result has `n` elements, once that much memory can be had.
+    fn run_binary(
+        &self,
+        py: Python<'_>,
+        a: &Tensor,
+        b: &Tensor,
+        n: usize,
+        f: impl FnOnce(&Tensor, &Tensor) -> CResult<Tensor> + Send,
+    ) -> PyResult<PyTensor> {
         allocatable(Some(n), self.tensor.dtype(), "the result")?;
-        compute(py, n, || f(a, b)).map(|t| Some(wrap(t)))
+        compute(py, n, || f(a, b)).map(wrap)
     }
 
     /// `self @ other` (or `other @ self`): its result can be far larger than either operand, so
@@ -323,15 +339,15 @@ impl PyTensor {
         other: &Bound<'_, PyAny>,
         reflected: bool,
     ) -> PyResult<Py<PyAny>> {
-        if let Some(o) = self.operand(py, other)? {
-            let (a, b) = if reflected {
-                (&o, &self.tensor)
-            } else {
-                (&self.tensor, &o)
-            };
-            allocatable(matmul_count(a, b), self.tensor.dtype(), "the result of @")?;
-        }
-        self.binary(py, other, reflected, matmul)
+        let Some(o) = self.operand(py, other)? else {
+            return Ok(py.NotImplemented());
+        };
+        let (a, b) = self.ordered(&o, reflected);
+        let n = matmul_count(a, b).ok_or_else(|| {
+            PyValueError::new_err("the result of @ has too many elements for any tensor")
+        })?;
+        let t = self.run_binary(py, a, b, n, matmul)?;
+        Ok(Bound::new(py, t)?.into_any().unbind())
     }
 
     /// `+ - *` on this tensor: integer results range-checked (see [`check_int_range`]).
@@ -343,29 +359,28 @@ impl PyTensor {
         what: &str,
         f: impl Fn(&Tensor, &Tensor) -> CResult<Tensor> + Send + Sync,
     ) -> PyResult<Py<PyAny>> {
+        let Some(o) = self.operand(py, other)? else {
+            return Ok(py.NotImplemented());
+        };
+        let (a, b) = self.ordered(&o, reflected);
+        let n = result_count(a, b)?;
         let dtype = self.tensor.dtype();
-        if !dtype.is_float() {
-            // Operands of two dtypes are candle's error to report, below.
-            if let Some(o) = self.operand(py, other)?.filter(|o| o.dtype() == dtype) {
-                let (a, b) = if reflected {
-                    (&o, &self.tensor)
-                } else {
-                    (&self.tensor, &o)
-                };
-                let n = broadcast_count(a, b)?;
-                allocatable(Some(n), DType::F64, "the result")?;
-                if dtype == DType::I64 {
-                    // f64 is not exact for i64: check each element with Rust's own arithmetic.
-                    exact_i64(a, b, what)?;
-                } else {
-                    let wide = compute(py, n, || {
-                        f(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?)
-                    })?;
-                    check_int_range(&wide, dtype, what)?;
-                }
+        // Operands of two dtypes are candle's error to report, in `run_binary`.
+        // Shapes that do not broadcast are candle's error to report too.
+        if !dtype.is_float() && o.dtype() == dtype && broadcast_count(a, b).is_ok() {
+            allocatable(Some(n), DType::F64, "the result")?;
+            if dtype == DType::I64 {
+                // f64 is not exact for i64: check each element with Rust's own arithmetic.
+                exact_i64(a, b, what)?;
+            } else {
+                let wide = compute(py, n, || {
+                    f(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?)
+                })?;
+                check_int_range(&wide, dtype, what)?;
             }
         }
-        self.binary(py, other, reflected, f)
+        let t = self.run_binary(py, a, b, n, f)?;
+        Ok(Bound::new(py, t)?.into_any().unbind())
     }
 
     pub(super) fn reduce(
@@ -603,14 +618,22 @@ pub(super) fn check_int_range(wide: &Tensor, dtype: DType, what: &str) -> PyResu
         .and_then(|t| t.to_scalar::<f64>())
         .map_err(value_error)?;
     if min < lo || max > hi {
-        let (lo, hi) = (lo as i128, hi as i128);
-        return Err(PyOverflowError::new_err(format!(
-            "integer overflow: {what} gives values outside the range of {} [{lo}, {hi}] (convert \
-             with .to_dtype() first)",
-            dtype.as_str()
-        )));
+        return Err(int_overflow(what, dtype));
     }
     Ok(())
+}
+
+/// The size of a broadcasting op's result, for the allocation check. Shapes that do not
+/// broadcast are left to candle's own error (it names the op); only a broadcast too large to
+/// count is refused here.
+fn result_count(a: &Tensor, b: &Tensor) -> PyResult<usize> {
+    match broadcast_count(a, b) {
+        Ok(n) => Ok(n),
+        Err(_) if a.shape().broadcast_shape_binary_op(b.shape(), "").is_err() => {
+            Ok(a.elem_count().max(b.elem_count()))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The number of elements `a ⊕ b` has (broadcasting), checked.
