@@ -16,6 +16,23 @@ fn numpy_ident(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "import numpy as np\ndef plus1(x, out=None):\n    return np.add(x, np.float32(1), out=out)", name = "plus1", numpy, tout = f32[x])]
 fn numpy_plus1(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// The natural body: returns a fresh NumPy array, which becomes the tensor without a copy (pyop
+/// adopts its buffer) or, where it cannot, is copied into candle memory.
+#[py_op(code = "import numpy as np\ndef plus1(x):\n    return x + np.float32(1)", name = "plus1", numpy, tout = f32[x])]
+fn numpy_plus1copy(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// The copy path proper: the body keeps a reference to the array it returns, so pyop cannot
+/// adopt it and copies it (one `memcpy`).
+#[py_op(code = "import numpy as np\nkept = None\ndef plus1(x):\n    global kept\n    kept = x + np.float32(1)\n    return kept", name = "plus1", numpy, tout = f32[x])]
+fn numpy_plus1kept(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// The copy path's slower forms: a reversed (negative-stride) array, and an unaligned one.
+#[py_op(code = "import numpy as np\ndef plus1(x):\n    return (x + np.float32(1))[::-1]", name = "plus1", numpy, tout = f32[x])]
+fn numpy_plus1rev(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import numpy as np\ndef plus1(x):\n    y = np.empty(x.nbytes + 1, np.uint8)[1:].view(np.float32)\n    return np.add(x, np.float32(1), out=y)", name = "plus1", numpy, tout = f32[x])]
+fn numpy_plus1unaligned(x: &Tensor) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def ident(x):\n    return x", name = "ident", tout = f32)]
 fn tensor_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -70,15 +87,60 @@ fn median(mut xs: Vec<Duration>) -> Duration {
     xs[xs.len() / 2]
 }
 
+/// Set while a warm-up round runs: its results are not printed.
+static WARMING_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn warming_up() -> bool {
+    WARMING_UP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn report(case: &str, per_call: Duration) {
+    if warming_up() {
+        return;
+    }
     println!("case={case} median_us={:.3}", per_call.as_secs_f64() * 1e6);
 }
 
-/// Median per-call time of `n` chained calls `a = f(a)`.
-fn chained(n: usize, x: &Tensor, f: fn(&Tensor) -> pyop::Result<Tensor>) -> Duration {
-    for _ in 0..3 {
-        f(x).unwrap();
+/// Minor page faults of this process so far (`getrusage`): a fresh output buffer costs one per
+/// 4 KiB page it touches, which is most of what separates a copy from `memcpy` speed.
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut r);
+        r.ru_minflt
     }
+}
+
+/// [`report`], with the page faults per call taken while `f` ran (`n` calls per timed run).
+fn report_faults(case: &str, n: usize, f: impl FnOnce() -> Duration) {
+    let before = minor_faults();
+    let per_call = f();
+    let faults = (minor_faults() - before) as f64 / ((reps() + 1) * n) as f64;
+    if warming_up() {
+        return;
+    }
+    println!(
+        "case={case} median_us={:.3} faults_per_call={faults:.1}",
+        per_call.as_secs_f64() * 1e6
+    );
+}
+
+/// `memcpy_N`: N f32 copied from a Rust buffer into a fresh output buffer of the kind pyop's
+/// outputs get (the same allocation), chained like the op cases: the floor of any copy path.
+fn memcpy(n: usize, x: &Tensor) -> Duration {
+    let src: Vec<f32> = x.to_vec1().unwrap();
+    chained(n, x, |_| Ok(pyop::__private::output_copied_from(&src)))
+}
+
+/// Median per-call time of `n` chained calls `a = f(a)`, over REPS runs after one untimed run.
+fn chained(n: usize, x: &Tensor, f: impl Fn(&Tensor) -> pyop::Result<Tensor>) -> Duration {
+    // One untimed run first, as `python_loop` does: the allocator reaches the state it keeps.
+    let mut a = x.clone();
+    for _ in 0..n.max(3) {
+        a = f(&a).unwrap();
+    }
+    drop(a);
     median(
         (0..reps())
             .map(|_| {
@@ -94,15 +156,15 @@ fn chained(n: usize, x: &Tensor, f: fn(&Tensor) -> pyop::Result<Tensor>) -> Dura
 }
 
 /// Median seconds per iteration of `body` run `n` times in a Python loop after `setup`, over
-/// REPS runs, timed in Python in this process.
+/// REPS runs, timed in Python in this process, in a fresh context: with NumPy's own data
+/// allocator, not the one pyop installs in threads that ran numpy-mode bodies.
 fn python_loop(setup: &str, body: &str, n: usize) -> Duration {
     Python::attach(|py| {
         let code = format!(
-            "import numpy as np, time\n{setup}\n\
+            "import numpy as np, time, contextvars\n{setup}\n\
              def run():\n    a = start\n    t = time.perf_counter()\n    for _ in range({n}):\n        {body}\n    return (time.perf_counter() - t) / {n}\n\
-             run()\n\
-             times = sorted(run() for _ in range({reps}))\n\
-             result = times[len(times) // 2]\n",
+             def median():\n    run()\n    times = sorted(run() for _ in range({reps}))\n    return times[len(times) // 2]\n\
+             result = contextvars.Context().run(median)\n",
             reps = reps()
         );
         let globals = pyo3::types::PyDict::new(py);
@@ -219,27 +281,59 @@ fn main() {
     // that run short.
     let quick = !std::env::args().any(|a| a == "--bench");
     let sizes = if quick { vec![1, 1024] } else { sizes() };
+    // Each size runs ROUNDS times (2 by default) and only the last round is printed: the first
+    // pays the growth of the C heap to the size a long-running program keeps (page faults that
+    // land on whichever case runs first), which is not what any case costs.
+    let rounds = if quick {
+        1
+    } else {
+        std::env::var("ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2usize)
+            .max(1)
+    };
     for &size in &sizes {
-        let n = if quick { 5 } else { calls_for(size) };
-        let x = Tensor::zeros(size, DType::F32, &device()).unwrap();
-        report(&format!("numpy_ident_{size}"), chained(n, &x, numpy_ident));
-        report(&format!("numpy_plus1_{size}"), chained(n, &x, numpy_plus1));
-        report(
-            &format!("tensor_ident_{size}"),
-            chained(n, &x, tensor_ident),
-        );
-        report(
-            &format!("tensor_plus1_{size}"),
-            chained(n, &x, tensor_plus1),
-        );
-        report(&format!("python_plus1_{size}"), python_plus1(size, n));
-        // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
-        report(
-            &format!("candle_plus1_{size}"),
-            chained(n, &x, |a| {
-                Ok(a.broadcast_add(&Tensor::new(1f32, a.device())?)?)
-            }),
-        );
+        for round in 0..rounds {
+            WARMING_UP.store(round + 1 < rounds, std::sync::atomic::Ordering::Relaxed);
+            let n = if quick { 5 } else { calls_for(size) };
+            let x = Tensor::zeros(size, DType::F32, &device()).unwrap();
+            report(&format!("numpy_ident_{size}"), chained(n, &x, numpy_ident));
+            report_faults(&format!("numpy_plus1_{size}"), n, || {
+                chained(n, &x, numpy_plus1)
+            });
+            report_faults(&format!("numpy_plus1copy_{size}"), n, || {
+                chained(n, &x, numpy_plus1copy)
+            });
+            report_faults(&format!("numpy_plus1kept_{size}"), n, || {
+                chained(n, &x, numpy_plus1kept)
+            });
+            report_faults(&format!("numpy_plus1rev_{size}"), n, || {
+                chained(n, &x, numpy_plus1rev)
+            });
+            report_faults(&format!("numpy_plus1unaligned_{size}"), n, || {
+                chained(n, &x, numpy_plus1unaligned)
+            });
+            report(
+                &format!("tensor_ident_{size}"),
+                chained(n, &x, tensor_ident),
+            );
+            report(
+                &format!("tensor_plus1_{size}"),
+                chained(n, &x, tensor_plus1),
+            );
+            report_faults(&format!("python_plus1_{size}"), n, || python_plus1(size, n));
+            if x.device().is_cpu() {
+                report_faults(&format!("memcpy_{size}"), n, || memcpy(n, &x));
+            }
+            // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
+            report(
+                &format!("candle_plus1_{size}"),
+                chained(n, &x, |a| {
+                    Ok(a.broadcast_add(&Tensor::new(1f32, a.device())?)?)
+                }),
+            );
+        }
     }
     let n = if quick { 5 } else { 2000 };
     report("backward_pygrad", backward_pygrad(n));

@@ -48,3 +48,35 @@ for k in ("backward_pygrad", "pygrad_body", "threads1_call", "threads2_call"):
         print(f"- `{k}`: {fmt(pyop[k])}")
 if "threads1_call" in pyop and "threads2_call" in pyop:
     print(f"- 2-thread speed-up: {pyop['threads1_call'] / pyop['threads2_call']:.2f}×")
+
+# Outputs at memory speed: the `out` path, a returned array (adopted without a copy), the copy
+# path proper (the body kept a reference) and its slower forms, against the plain NumPy body, a
+# bare copy into the same kind of memory, and TF.
+print()
+print("| size (f32) | plain NumPy `x + 1` | `memcpy` | pyop `out` | pyop, returned | returned + kept (copy) | copy, reversed | copy, unaligned | tf.numpy_function |")
+print("|---|---|---|---|---|---|---|---|---|")
+for size in sizes:
+    py_, mc = pyop.get(f"python_plus1_{size}"), pyop.get(f"memcpy_{size}")
+    out, cp = pyop.get(f"numpy_plus1_{size}"), pyop.get(f"numpy_plus1copy_{size}")
+    if None in (py_, mc, out, cp):
+        continue
+    tf = peers.get((size, "plus1", "tf.numpy_function in tf.function"))
+    cells = [fmt(py_), fmt(mc), fmt(out), fmt(cp)]
+    cells += [fmt(pyop[k]) if k in pyop else "—" for k in
+              (f"numpy_plus1kept_{size}", f"numpy_plus1rev_{size}", f"numpy_plus1unaligned_{size}")]
+    cells.append("—" if tf is None else fmt(tf))
+    print(f"| {size:,} | " + " | ".join(cells) + " |")
+print()
+for size in sizes:
+    py_, mc = pyop.get(f"python_plus1_{size}"), pyop.get(f"memcpy_{size}")
+    out, cp, kept = (pyop.get(f"numpy_plus1{k}_{size}") for k in ("", "copy", "kept"))
+    if None in (py_, mc, out, cp, kept) or size < 1 << 20:
+        continue
+    tf = peers.get((size, "plus1", "tf.numpy_function in tf.function"))
+    ok = lambda c: "met" if c else "**missed**"
+    print(f"- {size:,}: `out` {out / py_:.2f}× the plain body (target ≤ 1.10: {ok(out <= 1.10 * py_)}); "
+          f"returned {cp / py_:.2f}× (adopted, no copy); copied {fmt(kept)} vs plain + 1.25 × memcpy = "
+          f"{fmt(py_ + 1.25 * mc)} ({ok(kept <= py_ + 1.25 * mc)}; pyop's own work on top of body and copy: "
+          f"{(kept - py_ - mc) / mc * 100:+.0f} % of the copy)"
+          + ("" if tf is None else f"; vs tf.numpy_function {fmt(tf)}: "
+             f"{ok(out < tf and cp < tf)} (`out`, returned), {ok(kept < tf)} (copied)"))

@@ -7,6 +7,18 @@ fn cpu() -> Device {
     Device::Cpu
 }
 
+/// Every dtype NumPy and candle share, by NumPy name.
+const NUMPY_DTYPES: [(&str, DType); 8] = [
+    ("uint8", DType::U8),
+    ("uint32", DType::U32),
+    ("int16", DType::I16),
+    ("int32", DType::I32),
+    ("int64", DType::I64),
+    ("float16", DType::F16),
+    ("float32", DType::F32),
+    ("float64", DType::F64),
+];
+
 /// Address of a CPU tensor's first element.
 fn data_ptr(t: &Tensor) -> usize {
     let (s, l) = t.storage_and_layout();
@@ -375,16 +387,7 @@ fn outputs_follow_one_rule_table() {
         [5, 2]
     );
     // Every dtype NumPy holds.
-    for (np_name, dtype) in [
-        ("uint8", DType::U8),
-        ("uint32", DType::U32),
-        ("int16", DType::I16),
-        ("int32", DType::I32),
-        ("int64", DType::I64),
-        ("float16", DType::F16),
-        ("float32", DType::F32),
-        ("float64", DType::F64),
-    ] {
+    for (np_name, dtype) in NUMPY_DTYPES {
         let r = ok(
             &format!("def f(x): return np.arange(3, dtype=np.{np_name})"),
             vec![OutSpec::new(dtype)],
@@ -767,4 +770,199 @@ fn python_never_keeps_writable_candle_memory() {
         [2., 3.],
         "a kept `out` handed back is copied too"
     );
+}
+
+/// A returned array that is not C-contiguous (reversed, strided, Fortran-ordered, unaligned, or
+/// several at once) is copied in one strided pass by NumPy into candle memory: exact values for
+/// every dtype, at sizes on both sides of the 1 MiB line where copies leave the GIL, and the
+/// tensor does not change when Python later writes to the array it came from.
+#[test]
+fn strided_arrays_are_copied_exactly_for_every_dtype() {
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (np_name, dtype) in NUMPY_DTYPES {
+        // 2-D: every other row, reversed, every third column.
+        let out = op(
+            &format!("def f(x): return (np.arange(60) % 100).astype(np.{np_name}).reshape(10, 6)[::-2, ::3]"),
+            &[OutSpec::new(dtype)],
+        )
+        .call(&[Arg::from(&x)])
+        .unwrap_or_else(|e| panic!("{np_name}: {e}"));
+        let got = out[0]
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap();
+        let want: Vec<Vec<f64>> = (0..5)
+            .map(|i| {
+                let row = 9 - 2 * i;
+                vec![(row * 6) as f64, (row * 6 + 3) as f64]
+            })
+            .collect();
+        assert_eq!(got, want, "{np_name}");
+    }
+    // Large (4.8 MB, copied without the GIL), reversed; and Fortran-ordered 3-D.
+    let n = 1_200_000usize;
+    let big = op(
+        &format!("def f(x): return np.arange({n}, dtype=np.float32)[::-1]"),
+        &f32s(),
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    let v = big[0].to_vec1::<f32>().unwrap();
+    assert_eq!(v.len(), n);
+    assert!(v.iter().enumerate().all(|(i, &e)| e == (n - 1 - i) as f32));
+    let fortran = op(
+        "def f(x): return np.asfortranarray(np.arange(24, dtype=np.int64).reshape(2, 3, 4))",
+        &[OutSpec::new(DType::I64)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(
+        fortran[0].flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+        (0..24).collect::<Vec<i64>>()
+    );
+    // Unaligned and strided at once; and empty and strided.
+    let odd = op(
+        "def f(x): return np.frombuffer(b'\\0' + np.arange(8, dtype=np.float64).tobytes(), np.float64, offset=1)[::3]",
+        &[OutSpec::new(DType::F64)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(odd[0].to_vec1::<f64>().unwrap(), [0., 3., 6.]);
+    let empty = op(
+        "def f(x): return np.zeros((4, 0), np.float32)[::-2]",
+        &f32s(),
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(empty[0].dims(), [2, 0]);
+    // The tensor is a copy: the body writing to the array it returned, on the next call, does
+    // not reach the first call's output.
+    let kept = op(
+        "kept = None\ndef f(x):\n    global kept\n    if kept is None:\n        kept = np.arange(8, dtype=np.float32)\n        return kept[::2]\n    kept[:] = -1\n    return kept[::2]",
+        &f32s(),
+    );
+    let first = kept.call(&[Arg::from(&x)]).unwrap();
+    let second = kept.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(first[0].to_vec1::<f32>().unwrap(), [0., 2., 4., 6.]);
+    assert_eq!(second[0].to_vec1::<f32>().unwrap(), [-1.; 4]);
+}
+
+/// Resident memory of this process in bytes (Linux `/proc/self/statm`).
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// The copy path without the copy: a fresh array the body returns (from 64 KiB on) becomes the
+/// tensor itself — same address — because NumPy allocated it, during the body, from the
+/// allocator candle frees into. Only when nothing else can reach it: a kept reference, a kept
+/// view, the same array returned twice, a subclass, or a small array all take the copy, and a
+/// later write through what the body kept does not reach the tensor.
+#[test]
+fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_them() {
+    let n = 100_000usize; // 400 KB of f32
+    let x = Tensor::arange(0f32, n as f32, &cpu()).unwrap();
+    let plus1: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
+    let addr = OutSpec::new(DType::I64);
+    let run = |code: &str, tout: &[OutSpec]| -> Vec<Tensor> {
+        op(code, tout)
+            .call(&[Arg::from(&x)])
+            .unwrap_or_else(|e| panic!("{code}: {e}"))
+    };
+    let reported = |t: &Tensor| t.to_scalar::<i64>().unwrap() as usize;
+    const ADDR: &str = "np.int64(y.__array_interface__['data'][0])";
+    let f32_addr = [OutSpec::new(DType::F32), addr.clone()];
+
+    // Adopted: the natural body, f32 and f64, and a buffer NumPy reallocated (`resize`).
+    let out = run(
+        &format!("def f(x):\n    y = x + np.float32(1)\n    return y, {ADDR}"),
+        &f32_addr,
+    );
+    assert_eq!(data_ptr(&out[0]), reported(&out[1]), "x + 1 is adopted");
+    assert_eq!(out[0].to_vec1::<f32>().unwrap(), plus1);
+    let out = run(
+        &format!("def f(x):\n    y = x.astype(np.float64) * 2\n    return y, {ADDR}"),
+        &[OutSpec::new(DType::F64), addr.clone()],
+    );
+    assert_eq!(data_ptr(&out[0]), reported(&out[1]), "f64 is adopted");
+    assert_eq!(
+        out[0].to_vec1::<f64>().unwrap(),
+        (0..n).map(|i| i as f64 * 2.0).collect::<Vec<_>>()
+    );
+    let out = run(
+        &format!("def f(x):\n    y = np.empty(3 * x.size, np.float32)\n    y.resize(x.size, refcheck=False)\n    np.add(x, np.float32(1), out=y)\n    return y, {ADDR}"),
+        &f32_addr,
+    );
+    assert_eq!(
+        data_ptr(&out[0]),
+        reported(&out[1]),
+        "a resized array is adopted"
+    );
+    assert_eq!(out[0].to_vec1::<f32>().unwrap(), plus1);
+
+    // Copied: something else can reach the array.
+    for (why, code) in [
+        ("a kept reference", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(y)\n    return y, {ADDR}")),
+        ("a kept view", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(y[1:])\n    return y, {ADDR}")),
+        ("a subclass", format!("class Sub(np.ndarray):\n    pass\ndef f(x):\n    y = np.ndarray.__new__(Sub, x.shape, np.float32)\n    np.add(x, np.float32(1), out=y)\n    return y, {ADDR}")),
+        ("a memoryview", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(memoryview(y))\n    return y, {ADDR}")),
+    ] {
+        let out = run(&code, &f32_addr);
+        assert_ne!(data_ptr(&out[0]), reported(&out[1]), "{why}: copied");
+        assert_eq!(out[0].to_vec1::<f32>().unwrap(), plus1, "{why}");
+    }
+    let twice = run(
+        &format!("def f(x):\n    y = x + np.float32(1)\n    return y, y, {ADDR}"),
+        &[
+            OutSpec::new(DType::F32),
+            OutSpec::new(DType::F32),
+            addr.clone(),
+        ],
+    );
+    assert_ne!(data_ptr(&twice[0]), reported(&twice[2]));
+    assert_ne!(data_ptr(&twice[1]), reported(&twice[2]));
+    assert_ne!(data_ptr(&twice[0]), data_ptr(&twice[1]));
+    let small = PyOp::builder("small")
+        .code(format!(
+            "import numpy as np\ndef f(x):\n    y = x[:100] + np.float32(1)\n    return y, {ADDR}"
+        ))
+        .function("f")
+        .numpy()
+        .tout(f32_addr.iter().cloned())
+        .build()
+        .unwrap()
+        .call(&[Arg::from(&x)])
+        .unwrap();
+    assert_ne!(
+        data_ptr(&small[0]),
+        reported(&small[1]),
+        "below 64 KiB: copied"
+    );
+
+    // What the body kept cannot reach the tensor: its next call writes -1 into the array it kept.
+    let keeper = op(
+        "kept = None\ndef f(x):\n    global kept\n    if kept is not None:\n        kept[:] = -1\n    kept = x + np.float32(1)\n    return kept",
+        &f32s(),
+    );
+    let first = keeper.call(&[Arg::from(&x)]).unwrap();
+    keeper.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(first[0].to_vec1::<f32>().unwrap(), plus1);
+
+    // Adopted buffers are freed by candle like any other: 300 calls of 4 MB each leave resident
+    // memory where it was (a leak would add 1.2 GB).
+    let big = Tensor::zeros(1 << 20, DType::F32, &cpu()).unwrap();
+    let plus = op("def f(x):\n    return x + np.float32(1)", &f32s());
+    let warm: Vec<_> = (0..5)
+        .map(|_| plus.call(&[Arg::from(&big)]).unwrap())
+        .collect();
+    drop(warm);
+    let before = rss();
+    for _ in 0..300 {
+        let y = plus.call(&[Arg::from(&big)]).unwrap();
+        assert_eq!(y[0].dims(), [1 << 20]);
+    }
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 200 << 20, "resident memory grew by {grown} bytes");
 }

@@ -1,7 +1,10 @@
-//! Buffers for outputs that pyop allocates itself: zeroed without touching the memory, and on
-//! Linux advised to use transparent huge pages, as NumPy does for its own large arrays. A fresh
-//! 64 MiB buffer then costs 32 page faults on first write instead of 16,384 — the difference
-//! between a NumPy body writing into candle memory at NumPy's speed or at half of it.
+//! Buffers for outputs that pyop allocates itself, from the global allocator (the one candle frees
+//! into, so a mid-size buffer is usually the previous call's, already mapped), written once, and
+//! on Linux advised to use transparent huge pages from 4 MiB, as NumPy does for its own large
+//! arrays. A fresh 64 MiB buffer then costs about 32 page faults on first write instead of 16,384
+//! — the difference between a NumPy body writing into candle memory at NumPy's speed or at half
+//! of it. Nothing here writes a buffer twice: a zeroed buffer that a body then overwrites costs a
+//! second pass over the memory (30 µs at 4 MiB, a third of `x + 1`'s time there).
 
 use std::alloc::Layout;
 
@@ -40,18 +43,26 @@ pub(crate) fn no_memory(n: usize, size: usize) -> String {
     )
 }
 
-/// `n` zeros, allocated with the layout `Vec<T>` frees with; `None` when the memory cannot be
-/// had (never an abort).
-pub(crate) fn zeroed<T: Pod>(n: usize) -> Option<Vec<T>> {
+/// `n` elements for foreign code to write: a numpy-mode body's `out` array, which NumPy fills
+/// (like `np.empty`'s, its contents are unspecified until the body writes them). `None` when the
+/// memory cannot be had (never an abort).
+///
+/// # Safety
+/// The returned `Vec` must reach candle, or any Rust read, only after its data pointer has been
+/// handed to foreign code that may write it (the body): what Rust then reads is whatever bytes
+/// that code, or the allocator's earlier tenant of the memory, left there. Every `T` is `Pod`, so
+/// any such bytes are a valid value; the compiler cannot assume the memory unwritten once the
+/// pointer has escaped to foreign code.
+pub(crate) unsafe fn for_foreign_writes<T: Pod>(n: usize) -> Option<Vec<T>> {
     let layout = Layout::array::<T>(n).ok()?;
     if layout.size() == 0 {
         return Some(Vec::new());
     }
-    // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `T` (`Pod`); the
-    // pointer comes from the global allocator with exactly the layout `Vec<T>` with capacity `n`
-    // deallocates with, and holds `n` initialised elements.
+    // SAFETY: a non-zero layout; the pointer comes from the global allocator with exactly the
+    // layout `Vec<T>` with capacity `n` deallocates with; initialisation is the caller's promise
+    // (above).
     unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout);
+        let ptr = std::alloc::alloc(layout);
         if ptr.is_null() {
             return None;
         }
@@ -88,7 +99,7 @@ pub(crate) unsafe fn copied_from_bytes<T: Pod>(src: *const u8, n: usize) -> Opti
 const HUGE_FROM: usize = 4 << 20;
 
 #[cfg(target_os = "linux")]
-fn advise_huge_pages(ptr: *mut u8, len: usize) {
+pub(crate) fn advise_huge_pages(ptr: *mut u8, len: usize) {
     if len < HUGE_FROM {
         return;
     }
@@ -104,4 +115,24 @@ fn advise_huge_pages(ptr: *mut u8, len: usize) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_: *mut u8, _: usize) {}
+pub(crate) fn advise_huge_pages(_: *mut u8, _: usize) {}
+
+/// A CPU tensor for the body to write, in a buffer from `alloc::for_foreign_writes` (reused
+/// memory, huge pages for large ones; unspecified contents, as `np.empty`'s).
+pub(crate) fn unwritten_tensor(
+    dtype: candle_core::DType,
+    dims: Vec<usize>,
+) -> candle_core::Result<candle_core::Tensor> {
+    let n = dims.iter().product();
+    crate::spec::with_numpy_element!(
+        dtype,
+        // SAFETY: the tensor's memory goes to foreign code that writes it before anything reads
+        // it: `out_buffers` hands its view to the body as `out` (`finish` takes it back after),
+        // `view::copied_by_numpy` to NumPy's copy.
+        T => match unsafe { for_foreign_writes::<T>(n) } {
+            Some(v) => candle_core::Tensor::from_vec(v, dims, &candle_core::Device::Cpu),
+            None => Err(candle_core::Error::Msg(no_memory(n, std::mem::size_of::<T>()))),
+        },
+        d => candle_core::Tensor::zeros(dims, d, &candle_core::Device::Cpu)
+    )
+}

@@ -58,6 +58,14 @@ pub mod __private {
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;
 
+    /// A CPU tensor holding a copy of `src`, in memory got the way pyop gets a numpy-mode body's
+    /// returned array into candle: the bench's `memcpy_N` floor.
+    pub fn output_copied_from(src: &[f32]) -> Tensor {
+        // SAFETY: `src` is readable for its length in bytes.
+        let v = unsafe { crate::alloc::copied_from_bytes::<f32>(src.as_ptr().cast(), src.len()) };
+        Tensor::from_vec(v.expect("memory"), src.len(), &Device::Cpu).expect("shape")
+    }
+
     /// Turns an op's output list into the declared return type.
     pub trait FromOutputs: Sized {
         fn from_outputs(outputs: Vec<Tensor>) -> Self;

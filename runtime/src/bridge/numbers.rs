@@ -211,21 +211,16 @@ pub(crate) fn array_to_tensor(
         return Ok(t);
     }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
-    // (Fortran-ordered, strided) array is made contiguous by NumPy first.
-    let contiguous = if array.is_c_contiguous() {
-        array.clone()
-    } else {
-        py.import("numpy")
-            .and_then(|np| np.call_method1("ascontiguousarray", (array,)))
-            .and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?))
-            .map_err(|e| crate::python::describe(py, &e))?
-    };
+    // (Fortran-ordered, strided, reversed) array is copied by NumPy in one strided pass.
+    if !array.is_c_contiguous() {
+        return super::view::copied_by_numpy(py, dtype, array);
+    }
     let n: usize = dims.iter().product();
-    // The array is C-contiguous, of `n` elements of the dtype checked above, and `contiguous`
+    // The array is C-contiguous, of `n` elements of the dtype checked above, and `array`
     // keeps it alive while we copy. It may be unaligned (np.frombuffer at an odd offset), so it
     // is copied as bytes, never read through a typed slice.
     // SAFETY: reading the data pointer of a live array object.
-    let data = unsafe { (*contiguous.as_array_ptr()).fields.data } as usize;
+    let data = unsafe { (*array.as_array_ptr()).fields.data } as usize;
     let shape = Shape::from(dims);
     let copy = move || -> candle_core::Result<Tensor> {
         with_numpy_element!(dtype, T => {
@@ -244,6 +239,76 @@ pub(crate) fn array_to_tensor(
         copy()
     };
     t.map_err(|e| e.to_string())
+}
+
+/// A fresh NumPy array, made during a numpy-mode body by pyop's data allocator (see
+/// `python::numpy_alloc`), becomes the tensor without a copy: its buffer already has the layout
+/// `Vec<T>` frees with. Only when nothing else can reach the buffer: `value` is an exact
+/// `ndarray` with no other reference (so no view of it exists), owning its C-contiguous, aligned
+/// data of exactly `dtype`. The array is left a read-only view of the tensor (its base holds it),
+/// so even the reference that remains can neither write to candle memory nor outlive it.
+pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) -> Option<Tensor> {
+    use numpy::npyffi::{self, PY_ARRAY_API};
+    // SAFETY: reading the reference count and type of a live object.
+    let (refs, ty) = unsafe {
+        (
+            pyo3::ffi::Py_REFCNT(value.as_ptr()),
+            pyo3::ffi::Py_TYPE(value.as_ptr()),
+        )
+    };
+    if refs != 1 || crate::python::numpy::numpy_if_loaded(py).ok()?.is_none() {
+        return None;
+    }
+    // SAFETY: NumPy's ndarray type object (NumPy is loaded).
+    if ty != unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) } {
+        return None;
+    }
+    let array = value.cast::<PyUntypedArray>().ok()?;
+    if candle_dtype(&array.dtype()) != Some(dtype) {
+        return None;
+    }
+    let raw = array.as_array_ptr();
+    let want =
+        npyffi::NPY_ARRAY_OWNDATA | npyffi::NPY_ARRAY_C_CONTIGUOUS | npyffi::NPY_ARRAY_ALIGNED;
+    // SAFETY: reading the fields of a live array object.
+    let (flags, base, data) = unsafe {
+        (
+            (*raw).fields.flags,
+            (*raw).fields.base,
+            (*raw).fields.data as usize,
+        )
+    };
+    if flags & want != want || !base.is_null() {
+        return None;
+    }
+    let dims = array.shape().to_vec();
+    let n: usize = dims.iter().product();
+    with_numpy_element!(dtype, T => {
+        let layout = std::alloc::Layout::array::<T>(n).ok()?;
+        if n == 0 || !crate::python::numpy_alloc::take(data, layout) {
+            return None;
+        }
+        // SAFETY: the buffer is now ours (`take`): NumPy must never free it, so the array stops
+        // owning it before anything else happens; it holds `n` elements of `T` written by NumPy
+        // (a buffer NumPy allocated for this array, which is its sole owner and fully sized).
+        let v = unsafe {
+            (*raw).fields.flags &= !(npyffi::NPY_ARRAY_OWNDATA | npyffi::NPY_ARRAY_WRITEABLE);
+            Vec::from_raw_parts(data as *mut T, n, n)
+        };
+        let t = Tensor::from_vec(v, dims, &Device::Cpu).expect("n is the product of the dims");
+        let keep = |t: &Tensor| std::mem::forget(t.clone());
+        match Bound::new(py, PyTensor::view_base(t.clone(), data, false)) {
+            // SAFETY: the array has no base (checked); SetBaseObject steals the reference.
+            Ok(owner) => unsafe {
+                if PY_ARRAY_API.PyArray_SetBaseObject(py, raw, owner.into_ptr()) != 0 {
+                    pyo3::ffi::PyErr_Clear();
+                    keep(&t); // the array still points at the buffer: never free it
+                }
+            },
+            Err(_) => keep(&t),
+        }
+        Some(t)
+    }, _ => None)
 }
 
 /// Walks a (nested) list of numbers, checking it is rectangular.

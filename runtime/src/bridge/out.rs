@@ -1,14 +1,14 @@
 //! The `out` protocol: fresh candle tensors handed to a numpy-mode body as writable arrays, kept
 //! only if Python holds no reference to them once the body returns.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::bridge::tensor::PyTensor;
 use crate::error::{candle_message, Error, ErrorKind, Result, NO_OP};
-use crate::spec::{with_numpy_element, OutSpec};
+use crate::spec::OutSpec;
 
 use super::numbers::describe_value;
 use super::outputs::OutputCheck;
@@ -24,7 +24,8 @@ pub(crate) struct OutBuffers<'py> {
     pub arg: Bound<'py, PyAny>,
 }
 
-/// Allocates the outputs of `tout` with the shapes `shapes` (on the CPU) and their views.
+/// Allocates the outputs of `tout` with the shapes `shapes` (on the CPU, contents unspecified
+/// until the body writes them) and their views.
 pub(crate) fn out_buffers<'py>(
     py: Python<'py>,
     tout: &[OutSpec],
@@ -34,7 +35,7 @@ pub(crate) fn out_buffers<'py>(
     let mut bases = Vec::with_capacity(tout.len());
     let mut views = Vec::with_capacity(tout.len());
     for (spec, dims) in tout.iter().zip(shapes) {
-        let t = zeroed_tensor(spec.dtype, dims).map_err(|e| {
+        let t = crate::alloc::unwritten_tensor(spec.dtype, dims).map_err(|e| {
             Error::op_failure(NO_OP, ErrorKind::ResourceExhausted, candle_message(&e))
         })?;
         let data = cpu_data_ptr(&t);
@@ -92,17 +93,4 @@ impl OutBuffers<'_> {
             })
             .collect()
     }
-}
-
-/// A zeroed CPU tensor in a buffer from `alloc::zeroed` (huge pages for large ones).
-fn zeroed_tensor(dtype: DType, dims: Vec<usize>) -> candle_core::Result<Tensor> {
-    let n = dims.iter().product();
-    with_numpy_element!(
-        dtype,
-        T => match crate::alloc::zeroed::<T>(n) {
-            Some(v) => Tensor::from_vec(v, dims, &Device::Cpu),
-            None => Err(candle_core::Error::Msg(crate::alloc::no_memory(n, std::mem::size_of::<T>()))),
-        },
-        d => Tensor::zeros(dims, d, &Device::Cpu)
-    )
 }

@@ -68,10 +68,14 @@ impl OutputCheck<'_> {
 
 /// Applies the rule table to a body's return value: one output takes a value or a 1-tuple; M ≥ 2
 /// outputs take a tuple or list of exactly M values; `()` takes `None`.
+///
+/// It takes the body's result by value and lets go of the tuple or list before converting the
+/// items, so an array only the result referenced has no other reference and can be adopted
+/// without a copy (see `numbers::adopted`).
 pub(crate) fn outputs_from_python(
     py: Python<'_>,
     check: &OutputCheck<'_>,
-    result: &Bound<'_, PyAny>,
+    result: Bound<'_, PyAny>,
 ) -> Result<Vec<Tensor>> {
     let m = check.tout.len();
     if m == 0 {
@@ -82,7 +86,7 @@ pub(crate) fn outputs_from_python(
             None,
             format!(
                 "`tout = ()` expects the body to return None, got {}",
-                describe_value(result)
+                describe_value(&result)
             ),
         ));
     }
@@ -107,7 +111,7 @@ pub(crate) fn outputs_from_python(
                     format!(
                         "expected a tuple of {m} {}s, got {}",
                         check.role,
-                        describe_value(result)
+                        describe_value(&result)
                     ),
                 ))
             }
@@ -115,6 +119,7 @@ pub(crate) fn outputs_from_python(
     } else {
         vec![result.clone()]
     };
+    drop(result); // the items are now referenced by `items` (and whatever the body kept)
     if items.len() != m {
         return Err(check.error(
             None,
@@ -138,7 +143,11 @@ pub(crate) fn value_to_tensor(
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
     let what = check.role;
-    let tensor = match to_tensor(py, value, Some(spec.dtype)) {
+    let converted = match super::numbers::adopted(py, value, spec.dtype) {
+        Some(t) => Ok(t),
+        None => to_tensor(py, value, Some(spec.dtype)),
+    };
+    let tensor = match converted {
         Ok(t) => t,
         Err(ConversionError::NotTensorLike(got)) => {
             return Err(check.error(

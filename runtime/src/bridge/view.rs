@@ -147,3 +147,30 @@ pub(crate) fn candle_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
         _ => return None,
     })
 }
+
+/// A CPU tensor holding a copy of `array`, of `dtype` (its own, checked by the caller) and any
+/// strides or alignment, written in one pass by NumPy's strided copy (`PyArray_CopyInto`, which
+/// releases the GIL for large arrays) instead of a contiguous copy first and a `memcpy` after.
+pub(crate) fn copied_by_numpy(
+    py: Python<'_>,
+    dtype: DType,
+    array: &Bound<'_, PyUntypedArray>,
+) -> std::result::Result<Tensor, String> {
+    let t = crate::alloc::unwritten_tensor(dtype, array.shape().to_vec())
+        .map_err(|e| crate::error::candle_message(&e))?;
+    let prepared = Prepared {
+        data: super::prepare::cpu_data_ptr(&t),
+        tensor: t.clone(),
+    };
+    let (view, base) =
+        numpy_array(py, &prepared, true).map_err(|e| crate::python::describe(py, &e))?;
+    // SAFETY: two live arrays of the same shape and dtype; NumPy writes every element of `view`,
+    // which pyop made and hands to no one else.
+    let rc =
+        unsafe { PY_ARRAY_API.PyArray_CopyInto(py, view.as_ptr().cast(), array.as_array_ptr()) };
+    drop((view, base));
+    if rc != 0 {
+        return Err(crate::python::describe(py, &PyErr::fetch(py)));
+    }
+    Ok(t)
+}

@@ -148,7 +148,14 @@ impl OpInner {
             drop(kwargs);
             return out.finish(&check, returned);
         }
+        // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
+        // the alignment of the first output's dtype, so a returned one becomes a tensor without
+        // a copy (`bridge::numbers::adopted`).
+        let _align = (op.mode == Mode::Numpy).then(|| {
+            let align = op.tout.first().map_or(16, |o| o.dtype.size_in_bytes());
+            crate::python::numpy_alloc::enter(py, align)
+        });
         let returned = run_limited(py, &op.name, timeout, || body.call1(py_args))?;
-        outputs_from_python(py, &check, &returned)
+        outputs_from_python(py, &check, returned)
     }
 }

@@ -11,6 +11,7 @@ pub(crate) mod env;
 pub(crate) mod errors;
 pub(crate) mod exceptions;
 pub(crate) mod numpy;
+pub(crate) mod numpy_alloc;
 pub(crate) mod timeout;
 
 use pyo3::prelude::*;
