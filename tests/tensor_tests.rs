@@ -355,3 +355,105 @@ fn ops_without_a_gradient() {
     let g = y.sum_all().unwrap().backward().unwrap();
     assert!(g.get(&x).is_none(), "no gradient reaches x through ceil");
 }
+
+// --- one declaration for every float dtype ---
+
+/// A body's text shared by two declarations: a `const` and `include_str!`.
+const SOFTSIGN_SQ: &str = include_str!("py/poly.py");
+
+/// `like(x)`: the output has `x`'s dtype and shape, whatever they are on a call.
+#[py_op(code = SOFTSIGN_SQ, tout = like(x))]
+fn softsign_sq(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// `x.dtype[_, 2]`: `x`'s dtype, a shape of its own; the body comes from `include_str!`.
+#[py_op(code = include_str!("py/poly.py"), name = "softsign_sq", tout = x.dtype[_, 2])]
+fn softsign_sq_rows(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// Numpy mode takes an argument's dtype too, checked at call time against what NumPy holds.
+#[py_op(code = "def twice(x):\n    return x * 2", name = "twice", numpy, tout = x.dtype)]
+fn numpy_twice(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn one_declaration_serves_every_float_dtype() {
+    let base = Tensor::new(&[[-1.5f64, 0.25], [2.0, -0.5]], &Device::Cpu).unwrap();
+    let candle = |x: &Tensor| -> Tensor {
+        ((x * x).unwrap() + (x / (x.abs().unwrap() + 1.0).unwrap()).unwrap()).unwrap()
+    };
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        let x = base.to_dtype(dtype).unwrap();
+        let y = softsign_sq(&x).unwrap();
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(y.dims(), [2, 2]);
+        let want = candle(&x);
+        // The same candle ops on the same dtype: equal to the last bit.
+        assert_eq!(
+            y.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap(),
+            want.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap(),
+            "{dtype:?}"
+        );
+        let rows = softsign_sq_rows(&x).unwrap();
+        assert_eq!(rows.dtype(), dtype);
+    }
+    // The shape part of `x.dtype[_, 2]` is still checked.
+    let wide = Tensor::zeros((1, 3), DType::F32, &Device::Cpu).unwrap();
+    let err = softsign_sq_rows(&wide).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        err.to_string()
+            .contains("expected shape f32[_, 2], got shape [1, 3]"),
+        "{err}"
+    );
+    // Gradients flow on every dtype; checked against finite differences in f64 and f32.
+    for dtype in [DType::F64, DType::F32] {
+        let x = base.to_dtype(dtype).unwrap();
+        let report = gradcheck(
+            |xs| Ok(vec![softsign_sq(&xs[0])?]),
+            &[x],
+            GradCheck::default(),
+        )
+        .unwrap_or_else(|e| panic!("{dtype:?}: {e}"));
+        let bound = if dtype == DType::F64 { 1e-6 } else { 1e-2 };
+        assert!(report.max_abs_error[0] < bound, "{dtype:?}: {report:?}");
+    }
+    // Numpy mode: f16 and f64 work; bf16, which NumPy has not, is refused when it comes.
+    for dtype in [DType::F16, DType::F64] {
+        let y = numpy_twice(&base.to_dtype(dtype).unwrap()).unwrap();
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(
+            y.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap(),
+            [[-3.0, 0.5], [4.0, -1.0]]
+        );
+    }
+    let err = numpy_twice(&base.to_dtype(DType::BF16).unwrap()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string()
+            .contains("input 0 is bf16, which NumPy cannot hold"),
+        "{err}"
+    );
+}
+
+/// A gradient that is wrong is caught in f32 too, and the message says what the dtype allows.
+#[test]
+fn gradcheck_in_f32_names_the_step_its_dtype_allows() {
+    let wrong = PyOp::builder("wrong")
+        .code("def wrong(x):\n    return x * x\ndef wrong_grad(inputs, outputs, grads):\n    return grads[0] * 3 * inputs[0]\n")
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .gradient("wrong_grad")
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[0.5f32, 1.5], &Device::Cpu).unwrap();
+    let err = gradcheck(
+        |xs| wrong.call(&[Arg::from(&xs[0])]),
+        &[x],
+        GradCheck::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::GradientMismatch);
+    assert!(
+        err.to_string()
+            .contains("in f32, with step eps = 0.001 and atol = 0.001, rtol = 0.01"),
+        "{err}"
+    );
+}

@@ -49,6 +49,10 @@ pub enum ParamKind {
     Str,
     F64s,
     I64s,
+    /// `usize`, `u32`, `i32`, `f32`: passed to Python as `int`/`float` without loss.
+    Number,
+    /// `&[usize]`: dims or sizes, a list of `int`.
+    Usizes,
     /// `&Device`: not passed to Python; names the outputs' device.
     Device,
 }
@@ -75,8 +79,8 @@ pub struct Function<'a> {
     pub output: TokenStream,
 }
 
-const PARAM_TYPES: &str =
-    "&Tensor, &[Tensor], f64, i64, bool, &str, &[f64], &[i64], Option<...> of these, or &Device";
+const PARAM_TYPES: &str = "&Tensor, &[Tensor], f64, f32, i64, i32, u32, usize, bool, &str, \
+     &[f64], &[i64], &[usize], Option<...> of these, or &Device";
 const RETURN_TYPES: &str = "`Result<Tensor>`, `Result<(Tensor, ...)>` or `Result<()>` \
      (`pyop::Result`, `candle_core::Result`, `anyhow::Result`, or any `Result<_, E>` where \
      `E: From<pyop::Error>`)";
@@ -143,7 +147,12 @@ impl<'a> Function<'a> {
                         }
                         None => cx.error_spanned_by(
                             &pt.ty,
-                            format!("unsupported parameter type; expected {PARAM_TYPES}"),
+                            match hint(&pt.ty) {
+                                Some(h) => format!("unsupported parameter type: {h}"),
+                                None => {
+                                    format!("unsupported parameter type; expected {PARAM_TYPES}")
+                                }
+                            },
                         ),
                     }
                 }
@@ -217,6 +226,13 @@ fn classify(ty: &Type) -> Option<(ParamKind, bool)> {
         Type::Path(_) if is_named(ty, "f64") => ParamKind::F64,
         Type::Path(_) if is_named(ty, "i64") => ParamKind::I64,
         Type::Path(_) if is_named(ty, "bool") => ParamKind::Bool,
+        Type::Path(_)
+            if ["usize", "u32", "i32", "f32"]
+                .iter()
+                .any(|n| is_named(ty, n)) =>
+        {
+            ParamKind::Number
+        }
         Type::Reference(r) if r.mutability.is_none() => match &*r.elem {
             t @ Type::Path(_) if is_named(t, "Tensor") => ParamKind::Tensor,
             t @ Type::Path(_) if is_named(t, "Device") => ParamKind::Device,
@@ -224,11 +240,56 @@ fn classify(ty: &Type) -> Option<(ParamKind, bool)> {
             Type::Slice(s) if is_named(&s.elem, "Tensor") => ParamKind::Tensors,
             Type::Slice(s) if is_named(&s.elem, "f64") => ParamKind::F64s,
             Type::Slice(s) if is_named(&s.elem, "i64") => ParamKind::I64s,
+            Type::Slice(s) if is_named(&s.elem, "usize") => ParamKind::Usizes,
             _ => return None,
         },
         _ => return None,
     };
     Some((kind, false))
+}
+
+/// The accepted slice for elements named `elem`, if there is one.
+fn slice_for(elem: &str) -> Option<&'static str> {
+    Some(match elem {
+        "Tensor" => "&[Tensor]",
+        "f64" | "f32" => "&[f64]",
+        "i64" | "i32" | "u32" | "i16" | "u16" | "i8" | "u8" => "&[i64]",
+        "usize" | "u64" => "&[usize]",
+        _ => return None,
+    })
+}
+
+/// What to write instead of a type close to an accepted one.
+fn hint(ty: &Type) -> Option<String> {
+    let elem_name = |t: &Type| last_segment(t).map(|s| s.ident.to_string());
+    let form = match ty {
+        Type::Path(_) if is_named(ty, "Tensor") => {
+            Some("`Tensor` by value; take `&Tensor` (a call only reads its inputs)".to_owned())
+        }
+        Type::Path(_) if is_named(ty, "String") => Some("`String`; take `&str`".to_owned()),
+        Type::Reference(r) if r.mutability.is_some() && is_named(&r.elem, "Tensor") => Some(
+            "`&mut Tensor`; take `&Tensor` and return the new value (a body cannot write to \
+             its inputs)"
+                .to_owned(),
+        ),
+        Type::Reference(r) if r.mutability.is_some() => {
+            Some("a `&mut` reference; take a shared `&` one".to_owned())
+        }
+        Type::Reference(r) => match &*r.elem {
+            Type::Slice(sl) => elem_name(&sl.elem)
+                .and_then(|e| slice_for(&e).map(|f| format!("`&[{e}]`; take `{f}`"))),
+            _ => None,
+        },
+        _ => last_segment(ty).filter(|s| s.ident == "Vec").map(|seg| {
+            let inner = generic_args(seg).first().and_then(|t| elem_name(t));
+            let inner = inner.unwrap_or_else(|| "T".to_owned());
+            match slice_for(&inner) {
+                Some(f) => format!("`Vec<{inner}>`; take a slice, `{f}`"),
+                None => format!("`Vec<{inner}>`; take a slice of an accepted type"),
+            }
+        }),
+    };
+    form
 }
 
 fn returns(ty: &Type) -> Option<Returns> {

@@ -126,7 +126,7 @@ pub struct Attr<T> {
 #[derive(Default)]
 pub struct Options {
     pub file: Option<Attr<LitStr>>,
-    pub code: Option<Attr<LitStr>>,
+    pub code: Option<Attr<Code>>,
     pub module: Option<Attr<LitStr>>,
     pub package: Option<Attr<LitStr>>,
     pub name: Option<Attr<LitStr>>,
@@ -156,6 +156,16 @@ pub struct OutDecl {
     pub shape: Option<Vec<Option<usize>>>,
     /// `f32[x]`: the shape of the tensor parameter `x`.
     pub like: Option<proc_macro2::Ident>,
+    /// `x.dtype` (or `like(x)`): the dtype of the tensor parameter `x`, known at call time
+    /// (`dtype`/`variant` are then a placeholder).
+    pub dtype_of: Option<proc_macro2::Ident>,
+}
+
+/// `code = …`: a string literal, or an expression of type `&'static str` (a `const`, a
+/// `static`, `include_str!(…)`, `concat!(…)`), whose text the macro knows only for a literal.
+pub enum Code {
+    Lit(LitStr),
+    Expr(syn::Expr),
 }
 
 pub enum Grad {
@@ -218,7 +228,7 @@ impl Options {
     fn set_value(&mut self, cx: &Ctxt, name: KeyName, key: Key, value: TokenStream) {
         match name {
             KeyName::File => set(cx, &mut self.file, key, parse_lit_str(cx, value, "file")),
-            KeyName::Code => set(cx, &mut self.code, key, parse_lit_str(cx, value, "code")),
+            KeyName::Code => set(cx, &mut self.code, key, parse_code(cx, value)),
             KeyName::Module => set(
                 cx,
                 &mut self.module,
@@ -328,6 +338,23 @@ fn split_commas(ts: TokenStream) -> Vec<Vec<TokenTree>> {
     out
 }
 
+fn parse_code(cx: &Ctxt, value: TokenStream) -> Option<Code> {
+    if let Ok(s) = syn::parse2::<LitStr>(value.clone()) {
+        return Some(Code::Lit(s));
+    }
+    match syn::parse2::<syn::Expr>(value.clone()) {
+        Ok(e @ (syn::Expr::Path(_) | syn::Expr::Macro(_))) => Some(Code::Expr(e)),
+        _ => {
+            cx.error_spanned_by(
+                &value,
+                "expected `code = \"...\"`, a `&'static str` constant (`code = BODY`) or \
+                 `code = include_str!(\"...\")`",
+            );
+            None
+        }
+    }
+}
+
 fn parse_lit_str(cx: &Ctxt, value: TokenStream, key: &str) -> Option<LitStr> {
     match syn::parse2::<LitStr>(value.clone()) {
         Ok(s) => Some(s),
@@ -357,8 +384,9 @@ fn parse_grad(cx: &Ctxt, value: TokenStream) -> Option<Grad> {
     }
 }
 
-const TOUT_FORMS: &str =
-    "a dtype like `f32`, a shaped one like `f32[_, 3]`, a tuple like `(f32, i64)`, or `()`";
+const TOUT_FORMS: &str = "a dtype like `f32`, a shaped one like `f32[_, 3]` or `f32[x]`, a \
+     parameter's dtype like `x.dtype` or `x.dtype[_, 3]`, `like(x)`, a tuple like `(f32, i64)`, \
+     or `()`";
 
 fn parse_tout(cx: &Ctxt, value: TokenStream) -> Option<Tout> {
     let tokens = value.clone();
@@ -381,23 +409,65 @@ fn parse_tout(cx: &Ctxt, value: TokenStream) -> Option<Tout> {
 }
 
 fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
-    let mut it = spec.iter();
+    // `like(x)`: the dtype and shape of parameter `x`.
+    if let [TokenTree::Ident(l), TokenTree::Group(g)] = spec.as_slice() {
+        if l == "like" && g.delimiter() == Delimiter::Parenthesis {
+            let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+            let [TokenTree::Ident(x)] = inner.as_slice() else {
+                cx.error_spanned_by(g, "`like(…)` takes one tensor parameter's name: `like(x)`");
+                return None;
+            };
+            return Some(OutDecl {
+                dtype: l.clone(),
+                variant: "F32",
+                numpy_ok: true,
+                shape: None,
+                like: Some(x.clone()),
+                dtype_of: Some(x.clone()),
+            });
+        }
+    }
+    let mut it = spec.iter().peekable();
     let Some(TokenTree::Ident(dtype)) = it.next() else {
         let ts: TokenStream = spec.iter().cloned().collect();
         cx.error_spanned_by(&ts, format!("malformed `tout`: expected {TOUT_FORMS}"));
         return None;
     };
-    let name = dtype.to_string();
-    let Some(&(_, variant, numpy_ok)) = DTYPES.iter().find(|(n, _, _)| *n == name) else {
-        let names: Vec<&str> = DTYPES.iter().map(|d| d.0).collect();
-        cx.error_spanned_by(
-            dtype,
-            format!(
-                "unknown dtype `{name}`; expected one of {}",
-                names.join(", ")
-            ),
-        );
-        return None;
+    // `x.dtype`: the dtype of parameter `x`.
+    let dtype_of = match it.peek() {
+        Some(TokenTree::Punct(p)) if p.as_char() == '.' => {
+            it.next();
+            match it.next() {
+                Some(TokenTree::Ident(d)) if d == "dtype" => Some(dtype.clone()),
+                other => {
+                    let at = other.map_or_else(|| quote::quote!(#dtype), |t| quote::quote!(#t));
+                    cx.error_spanned_by(
+                        at,
+                        format!("malformed `tout`: after `{dtype}.` only `dtype` (the parameter's dtype) can follow"),
+                    );
+                    return None;
+                }
+            }
+        }
+        _ => None,
+    };
+    let (variant, numpy_ok) = if dtype_of.is_some() {
+        ("F32", true) // placeholder: the dtype is the parameter's, checked at call time
+    } else {
+        let name = dtype.to_string();
+        let Some(&(_, variant, numpy_ok)) = DTYPES.iter().find(|(n, _, _)| *n == name) else {
+            let names: Vec<&str> = DTYPES.iter().map(|d| d.0).collect();
+            cx.error_spanned_by(
+                dtype,
+                format!(
+                    "unknown dtype `{name}`; expected one of {}, or `x.dtype` for a tensor \
+                     parameter `x`'s",
+                    names.join(", ")
+                ),
+            );
+            return None;
+        };
+        (variant, numpy_ok)
     };
     let mut like = None;
     let shape = match it.next() {
@@ -430,6 +500,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         numpy_ok,
         shape,
         like,
+        dtype_of,
     })
 }
 
@@ -522,6 +593,20 @@ mod parse_tests {
         assert_eq!(t.outputs.len(), 3);
         assert_eq!(t.outputs[1].shape, Some(vec![]));
         assert_eq!(t.outputs[2].like.as_ref().unwrap().to_string(), "x");
+        // A parameter's dtype, with any shape, a fixed one, or its shape too.
+        let (t, ok) = tout(quote!((x.dtype, x.dtype[_, 3], x.dtype[y], like(x))));
+        ok.unwrap();
+        let t = t.unwrap();
+        let name = |o: &Option<proc_macro2::Ident>| o.as_ref().map(|i| i.to_string());
+        for o in &t.outputs {
+            assert_eq!(name(&o.dtype_of).as_deref(), Some("x"));
+        }
+        assert_eq!(t.outputs[0].shape, None);
+        assert_eq!(t.outputs[1].shape, Some(vec![None, Some(3)]));
+        assert_eq!(name(&t.outputs[2].like).as_deref(), Some("y"));
+        assert_eq!(name(&t.outputs[3].like).as_deref(), Some("x"));
+        let (_, err) = tout(quote!(x.shape));
+        assert!(err.unwrap_err().to_string().contains("only `dtype`"));
         let (t, ok) = tout(quote!(()));
         ok.unwrap();
         assert!(t.unwrap().outputs.is_empty());

@@ -4,7 +4,7 @@ use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 
 use crate::ast::{Function, Item, ParamKind};
-use crate::attr::{Grad, Options};
+use crate::attr::{Code, Grad, Options};
 use crate::ctxt::Ctxt;
 use crate::valid;
 
@@ -156,13 +156,22 @@ fn source_tokens(p: &TokenStream, opts: &Options) -> syn::Result<TokenStream> {
             opts.module.as_ref().map(|m| m.value.value()),
         )?
     } else if let Some(code) = &opts.code {
-        let lit = &code.value;
-        let line = quote_spanned!(lit.span()=> ::core::line!());
-        // Python's line n is the `.rs` file's line `line + n - 1` unless escapes (`\n`, a `\`
-        // at a line's end) make the literal's text span other lines than its value.
-        let lines_match =
-            lit.value().matches('\n').count() == lit.token().to_string().matches('\n').count();
-        quote!(#p::SourceDecl::Code { text: #lit, line: #line, lines_match: #lines_match })
+        match &code.value {
+            Code::Lit(lit) => {
+                let line = quote_spanned!(lit.span()=> ::core::line!());
+                // Python's line n is the `.rs` file's line `line + n - 1` unless escapes (`\n`,
+                // a `\` at a line's end) make the literal's text span other lines than its
+                // value.
+                let lines_match = lit.value().matches('\n').count()
+                    == lit.token().to_string().matches('\n').count();
+                quote!(#p::SourceDecl::Code { text: #lit, line: #line, lines_match: #lines_match })
+            }
+            // A constant or `include_str!`: Python's line numbers are the text's own.
+            Code::Expr(e) => {
+                let line = quote_spanned!(code.key.ident.span()=> ::core::line!());
+                quote!(#p::SourceDecl::Code { text: #e, line: #line, lines_match: false })
+            }
+        }
     } else {
         let lit = &opts.module.as_ref().expect("validated: one source").value;
         quote!(#p::SourceDecl::Module(#lit))
@@ -179,25 +188,43 @@ fn tout_tokens(p: &TokenStream, opts: &Options, f: &Function<'_>) -> Vec<TokenSt
         .iter()
         .map(|o| {
             let v = format_ident!("{}", o.variant, span = o.dtype.span());
-            if let Some(like) = &o.like {
-                // The parameter's index among those passed to Python (validated: a `&Tensor`).
-                let index = f
-                    .params
+            // A parameter's index among those passed to Python (validated: a `&Tensor`).
+            let index = |name: &proc_macro2::Ident| {
+                f.params
                     .iter()
                     .filter(|x| x.kind != ParamKind::Device)
-                    .position(|x| x.name == *like)
-                    .unwrap_or(0);
-                return quote!(#p::OutSpec::like(#p::DType::#v, #index));
+                    .position(|x| x.name == *name)
+                    .unwrap_or(0)
+            };
+            let dims = o.shape.as_ref().map(|dims| {
+                let dims = dims.iter().map(|d| match d {
+                    Some(n) => quote!(::core::option::Option::Some(#n)),
+                    None => quote!(::core::option::Option::None),
+                });
+                quote!(&[#(#dims),*])
+            });
+            if let Some(x) = &o.dtype_of {
+                let i = index(x);
+                let like = match &o.like {
+                    Some(l) => {
+                        let l = index(l);
+                        quote!(::core::option::Option::Some(#l))
+                    }
+                    None => quote!(::core::option::Option::None),
+                };
+                let shape = match dims {
+                    Some(d) => quote!(::core::option::Option::Some(#d)),
+                    None => quote!(::core::option::Option::None),
+                };
+                return quote!(#p::OutSpec::__dtype_of(#i, #like, #shape));
             }
-            match &o.shape {
-                None => quote!(#p::OutSpec::new(#p::DType::#v)),
-                Some(dims) => {
-                    let dims = dims.iter().map(|d| match d {
-                        Some(n) => quote!(::core::option::Option::Some(#n)),
-                        None => quote!(::core::option::Option::None),
-                    });
-                    quote!(#p::OutSpec::with_shape(#p::DType::#v, &[#(#dims),*]))
+            match (&o.like, dims) {
+                (Some(like), _) => {
+                    let i = index(like);
+                    quote!(#p::OutSpec::like(#p::DType::#v, #i))
                 }
+                (None, None) => quote!(#p::OutSpec::new(#p::DType::#v)),
+                (None, Some(d)) => quote!(#p::OutSpec::with_shape(#p::DType::#v, #d)),
             }
         })
         .collect()

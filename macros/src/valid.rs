@@ -45,10 +45,11 @@ fn check_one_source(cx: &Ctxt, opts: &Options) {
     } else {
         &opts.module
     };
-    let sources: Vec<_> = [&opts.file, &opts.code, module_alone, &opts.package]
+    let sources: Vec<_> = [&opts.file, module_alone, &opts.package]
         .into_iter()
         .flatten()
         .map(|a| &a.key)
+        .chain(opts.code.as_ref().map(|a| &a.key))
         .collect();
     match sources.as_slice() {
         [] if KeyName::SOURCES.iter().any(|k| opts.written.contains(k)) => {}
@@ -150,28 +151,34 @@ fn check_tout_arity(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
     }
 }
 
-/// `f32[x]` names a `&Tensor` parameter that is always given.
+/// `f32[x]` and `x.dtype` name a `&Tensor` parameter that is always given.
 fn check_like_params(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
     for out in &tout.outputs {
-        let Some(like) = &out.like else {
-            continue;
+        let named: Vec<(&proc_macro2::Ident, &str)> = match (&out.like, &out.dtype_of) {
+            (Some(l), Some(d)) if l == d => vec![(l, "`like({x})` takes the dtype and shape")],
+            (l, d) => l
+                .iter()
+                .map(|l| (l, "`[{x}]` takes the shape"))
+                .chain(d.iter().map(|d| (d, "`{x}.dtype` takes the dtype")))
+                .collect(),
         };
-        match f.params.iter().find(|p| p.name == *like) {
-            Some(p) if p.kind == ParamKind::Tensor && p.optional => cx.error_spanned_by(
-                like,
-                format!("`{like}` is optional: `[{like}]` needs a tensor on every call"),
-            ),
-            Some(p) if p.kind == ParamKind::Tensor => {}
-            Some(_) => cx.error_spanned_by(
-                like,
-                format!("`{like}` is not a `&Tensor` parameter: `[{like}]` takes the shape of one"),
-            ),
-            None => cx.error_spanned_by(
-                like,
-                format!(
-                    "no parameter `{like}`: `[{like}]` takes the shape of a `&Tensor` parameter"
+        for (x, what) in named {
+            let what = what.replace("{x}", &x.to_string());
+            match f.params.iter().find(|p| p.name == *x) {
+                Some(p) if p.kind == ParamKind::Tensor && p.optional => cx.error_spanned_by(
+                    x,
+                    format!("`{x}` is optional: {what} of a tensor given on every call"),
                 ),
-            ),
+                Some(p) if p.kind == ParamKind::Tensor => {}
+                Some(_) => cx.error_spanned_by(
+                    x,
+                    format!("`{x}` is not a `&Tensor` parameter: {what} of one"),
+                ),
+                None => cx.error_spanned_by(
+                    x,
+                    format!("no parameter `{x}`: {what} of a `&Tensor` parameter"),
+                ),
+            }
         }
     }
 }

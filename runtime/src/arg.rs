@@ -3,8 +3,10 @@
 use candle_core::Tensor;
 
 /// One argument of an op call, in declaration order. Plain values reach Python as `float`, `int`,
-/// `bool`, `str`, lists of them, or `None`.
+/// `bool`, `str`, lists of them, or `None`, without loss: `usize` and `u64` as `int` (Python's
+/// are unbounded), `u32`/`i32` as `int`, `f32` widened to `float` exactly.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum Arg<'a> {
     Tensor(&'a Tensor),
     Tensors(&'a [Tensor]),
@@ -14,6 +16,10 @@ pub enum Arg<'a> {
     Str(&'a str),
     F64s(&'a [f64]),
     I64s(&'a [i64]),
+    /// An unsigned integer beyond `i64`'s range possibly (`usize`, `u64`).
+    U64(u64),
+    /// Sizes or dims (`&[usize]`), as a list of `int`.
+    Usizes(&'a [usize]),
     /// An absent `Option<…>`.
     None,
 }
@@ -39,6 +45,43 @@ impl From<f64> for Arg<'_> {
 impl From<i64> for Arg<'_> {
     fn from(v: i64) -> Self {
         Arg::I64(v)
+    }
+}
+
+impl From<i32> for Arg<'_> {
+    fn from(v: i32) -> Self {
+        Arg::I64(v.into())
+    }
+}
+
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::I64(v.into())
+    }
+}
+
+impl From<u64> for Arg<'_> {
+    fn from(v: u64) -> Self {
+        Arg::U64(v)
+    }
+}
+
+impl From<usize> for Arg<'_> {
+    fn from(v: usize) -> Self {
+        // usize is at most 64 bits on every target Rust supports.
+        Arg::U64(v as u64)
+    }
+}
+
+impl From<f32> for Arg<'_> {
+    fn from(v: f32) -> Self {
+        Arg::F64(v.into())
+    }
+}
+
+impl<'a> From<&'a [usize]> for Arg<'a> {
+    fn from(v: &'a [usize]) -> Self {
+        Arg::Usizes(v)
     }
 }
 

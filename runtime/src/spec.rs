@@ -33,7 +33,9 @@ impl fmt::Display for Mode {
 }
 
 /// One declared output: a dtype and, optionally, a shape whose `None` entries match any size.
-/// Made with [`OutSpec::new`], [`OutSpec::with_shape`], [`OutSpec::shaped`] or [`OutSpec::like`].
+/// Made with [`OutSpec::new`], [`OutSpec::with_shape`], [`OutSpec::shaped`] or [`OutSpec::like`];
+/// [`OutSpec::with_dtype_of`] makes its dtype a tensor argument's, so one declaration serves
+/// every dtype (`tout = x.dtype`, `like(x)`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct OutSpec {
@@ -43,6 +45,9 @@ pub struct OutSpec {
     pub shape: Option<Cow<'static, [Option<usize>]>>,
     /// The output has the shape of the argument at this index (`tout = f32[x]`).
     pub like: Option<usize>,
+    /// The output has the dtype of the tensor argument at this index (`tout = x.dtype`), known
+    /// at call time; `dtype` is then only a placeholder.
+    pub dtype_of: Option<usize>,
 }
 
 impl OutSpec {
@@ -52,6 +57,7 @@ impl OutSpec {
             dtype,
             shape: None,
             like: None,
+            dtype_of: None,
         }
     }
 
@@ -62,6 +68,7 @@ impl OutSpec {
             dtype,
             shape: None,
             like: Some(arg_index),
+            dtype_of: None,
         }
     }
 
@@ -71,6 +78,7 @@ impl OutSpec {
             dtype,
             shape: Some(Cow::Borrowed(shape)),
             like: None,
+            dtype_of: None,
         }
     }
 
@@ -80,7 +88,72 @@ impl OutSpec {
             dtype,
             shape: Some(Cow::Owned(shape.into())),
             like: None,
+            dtype_of: None,
         }
+    }
+
+    /// The same output with the dtype of the tensor argument at `arg_index` (counting every
+    /// argument passed to Python), whatever it is on a call: `OutSpec::new(DType::F32)
+    /// .with_dtype_of(0)` is `tout = x.dtype`, `OutSpec::like(DType::F32, 0).with_dtype_of(0)` is
+    /// `like(x)`. The dtype given first is only a placeholder.
+    pub fn with_dtype_of(self, arg_index: usize) -> Self {
+        Self {
+            dtype_of: Some(arg_index),
+            ..self
+        }
+    }
+
+    /// An output with the dtype and the shape of the tensor argument at `arg_index` (`tout =
+    /// like(x)`).
+    pub const fn same_as(arg_index: usize) -> Self {
+        Self::__dtype_of(arg_index, Some(arg_index), None)
+    }
+
+    /// What `#[py_op]` writes for `tout = x.dtype…` in a `static`; not a public API.
+    #[doc(hidden)]
+    pub const fn __dtype_of(
+        arg_index: usize,
+        like: Option<usize>,
+        shape: Option<&'static [Option<usize>]>,
+    ) -> Self {
+        Self {
+            dtype: DType::F32,
+            shape: match shape {
+                Some(s) => Some(Cow::Borrowed(s)),
+                None => None,
+            },
+            like,
+            dtype_of: Some(arg_index),
+        }
+    }
+
+    /// The declared outputs with every `dtype_of` made concrete from this call's arguments
+    /// (borrowed as they are when no output takes an argument's dtype).
+    pub(crate) fn resolve<'s>(
+        tout: &'s [OutSpec],
+        args: &[crate::Arg<'_>],
+    ) -> Result<Cow<'s, [OutSpec]>, String> {
+        if tout.iter().all(|o| o.dtype_of.is_none()) {
+            return Ok(Cow::Borrowed(tout));
+        }
+        tout.iter()
+            .enumerate()
+            .map(|(out, o)| match o.dtype_of {
+                None => Ok(o.clone()),
+                Some(i) => match args.get(i) {
+                    Some(crate::Arg::Tensor(t)) => Ok(OutSpec {
+                        dtype: t.dtype(),
+                        dtype_of: None,
+                        ..o.clone()
+                    }),
+                    _ => Err(format!(
+                        "output {out} takes the dtype of argument {i}, which is not a tensor on \
+                         this call"
+                    )),
+                },
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Cow::Owned)
     }
 
     /// Whether `dims` matches the declared shape.
@@ -100,7 +173,10 @@ impl OutSpec {
 
 impl fmt::Display for OutSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.dtype.as_str())?;
+        match self.dtype_of {
+            Some(i) => write!(f, "dtype of argument {i}")?,
+            None => f.write_str(self.dtype.as_str())?,
+        }
         if let Some(i) = self.like {
             write!(f, "[like argument {i}]")?;
         }

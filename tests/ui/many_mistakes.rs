@@ -1,7 +1,7 @@
 use pyop::{py_op, Tensor};
 
 #[py_op(code = "def f(x): return x", code = "again", numpy, tout = (f33, f32[2, n]), colour = "red")]
-async fn f(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+async fn f(x: &Tensor, n: u8) -> pyop::Result<Tensor>;
 
 fn main() {
     // The fallback keeps call sites compiling: no cascade of errors here.

@@ -53,6 +53,8 @@ pub(crate) fn python_args<'py>(
             Arg::Str(v) => PyString::new(py, v).into_any(),
             Arg::F64s(v) => PyList::new(py, v.iter())?.into_any(),
             Arg::I64s(v) => PyList::new(py, v.iter())?.into_any(),
+            Arg::U64(v) => v.into_pyobject(py)?.into_any(),
+            Arg::Usizes(v) => PyList::new(py, v.iter())?.into_any(),
             Arg::None => py.None().into_bound(py),
         });
     }

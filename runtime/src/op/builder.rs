@@ -212,7 +212,7 @@ impl OpBuilder {
             if let Some((i, o)) = tout
                 .iter()
                 .enumerate()
-                .find(|(_, o)| !numpy_can_hold(o.dtype))
+                .find(|(_, o)| o.dtype_of.is_none() && !numpy_can_hold(o.dtype))
             {
                 bail!(
                     &name,

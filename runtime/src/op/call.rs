@@ -14,10 +14,10 @@ use crate::bridge::args::{python_args, Lists};
 use crate::bridge::out::out_buffers;
 use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Role};
 use crate::bridge::prepare::Prepared;
-use crate::error::{bail, Result};
+use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
-use crate::spec::Mode;
+use crate::spec::{Mode, OutSpec};
 
 impl PyOp {
     /// Calls the op: one output tensor per `tout` entry, on the inputs' device. Arguments are
@@ -117,11 +117,17 @@ impl OpInner {
         if op.mode == Mode::Numpy {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
         }
+        // Outputs declared with an argument's dtype (`tout = x.dtype`) get it now (in numpy
+        // mode that input was checked to be a dtype NumPy holds).
+        let tout = OutSpec::resolve(&op.tout, args).map_err(|msg| {
+            Error::op_failure(Some(op.name.as_str()), ErrorKind::InvalidArgument, msg)
+        })?;
+        let tout = &*tout;
         let py_args = python_args(py, op.mode, args, prepared, Lists::AsLists)
             .map_err(|e| python_error(py, &op.name, e))?;
         let check = OutputCheck {
             op: &op.name,
-            tout: &op.tout,
+            tout,
             device,
             role: Role::Output,
             args,
@@ -129,16 +135,15 @@ impl OpInner {
         // A numpy-mode body that takes `out` writes into candle memory when every output's
         // shape is known before the call.
         let (body, accepts_out) = op.body_now(py);
-        let shapes = if accepts_out && !op.tout.is_empty() {
-            op.tout
-                .iter()
+        let shapes = if accepts_out && !tout.is_empty() {
+            tout.iter()
                 .map(|o| known_shape(o, args))
                 .collect::<Option<Vec<_>>>()
         } else {
             None
         };
         if let Some(shapes) = shapes {
-            let out = out_buffers(py, &op.tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
+            let out = out_buffers(py, tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
             let kwargs = PyDict::new(py);
             kwargs
                 .set_item(pyo3::intern!(py, "out"), &out.arg)
@@ -152,7 +157,7 @@ impl OpInner {
         // the alignment of the first output's dtype, so a returned one becomes a tensor without
         // a copy (`bridge::numbers::adopted`).
         let _align = (op.mode == Mode::Numpy).then(|| {
-            let align = op.tout.first().map_or(16, |o| o.dtype.size_in_bytes());
+            let align = tout.first().map_or(16, |o| o.dtype.size_in_bytes());
             crate::python::numpy_alloc::enter(py, align)
         });
         let returned = run_limited(py, &op.name, timeout, || body.call1(py_args))?;

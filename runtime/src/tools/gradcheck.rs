@@ -28,6 +28,24 @@ impl Default for GradCheck {
 }
 
 impl GradCheck {
+    /// The tolerances used for an input of `dtype`: these for f64; for narrower floats at
+    /// least what finite differences in that precision can resolve (a smaller step is lost to
+    /// rounding): f32 `eps` 1e-3, `atol` 1e-3, `rtol` 1e-2; f16 `eps` 1e-2, `atol`/`rtol` 5e-2;
+    /// bf16 `eps` 5e-2, `atol`/`rtol` 1e-1.
+    pub fn for_dtype(self, dtype: DType) -> Self {
+        let (eps, atol, rtol) = match dtype {
+            DType::F32 => (1e-3, 1e-3, 1e-2),
+            DType::F16 => (1e-2, 5e-2, 5e-2),
+            DType::BF16 => (5e-2, 1e-1, 1e-1),
+            _ => return self,
+        };
+        Self {
+            eps: self.eps.max(eps),
+            atol: self.atol.max(atol),
+            rtol: self.rtol.max(rtol),
+        }
+    }
+
     /// Sets the step of the central differences.
     pub fn eps(mut self, eps: f64) -> Self {
         self.eps = eps;
@@ -59,8 +77,9 @@ pub struct GradReport {
 /// Checks the gradient of `f` at `inputs` against central finite differences, like torch's
 /// `gradcheck`.
 ///
-/// `f` gets the inputs as tensors that autograd tracks (`Var`s of each input's dtype; use f64
-/// inputs for tight tolerances) and returns any number of outputs. The loss is
+/// `f` gets the inputs as tensors that autograd tracks (`Var`s of each input's dtype) and returns
+/// any number of outputs. Any float dtype works: an input narrower than f64 is checked with
+/// [`GradCheck::for_dtype`]'s tolerances (f64 inputs give the tightest check). The loss is
 /// `Σ_j Σ (y_j · w_j)` with fixed pseudo-random weights `w_j`, so every output element counts.
 /// Integer inputs and outputs are left out. Returns an error of kind
 /// [`ErrorKind::GradientMismatch`] naming the input and element where the two disagree.
@@ -134,6 +153,7 @@ where
             None => vec![0.0; x.elem_count()],
         };
         let base: Vec<f64> = x.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+        let tol = tol.for_dtype(x.dtype());
         let mut worst: f64 = 0.0;
         for k in 0..base.len() {
             let at = |delta: f64| -> Result<f64> {
@@ -156,10 +176,17 @@ where
                         "input {i}, element {k}: analytic gradient {} but finite differences give {numeric}{}",
                         analytic[k],
                         if x.dtype() == DType::F64 {
-                            ""
+                            String::new()
                         } else {
-                            " (finite differences in a type narrower than f64 are too coarse for \
-                             the default eps: check the gradient with f64 inputs)"
+                            format!(
+                                " (in {}, with step eps = {} and atol = {}, rtol = {}: a smaller \
+                                 step is lost to rounding in that dtype; check the gradient with \
+                                 f64 inputs for a tight comparison)",
+                                x.dtype().as_str(),
+                                tol.eps,
+                                tol.atol,
+                                tol.rtol
+                            )
                         }
                     ),
                 ));

@@ -164,6 +164,8 @@ pub(super) enum SavedArg {
     Str(String),
     F64s(Vec<f64>),
     I64s(Vec<i64>),
+    U64(u64),
+    Usizes(Vec<usize>),
     None,
 }
 
@@ -178,6 +180,8 @@ impl SavedArg {
             Arg::Str(s) => SavedArg::Str((*s).to_owned()),
             Arg::F64s(v) => SavedArg::F64s(v.to_vec()),
             Arg::I64s(v) => SavedArg::I64s(v.to_vec()),
+            Arg::U64(x) => SavedArg::U64(*x),
+            Arg::Usizes(v) => SavedArg::Usizes(v.to_vec()),
             Arg::None => SavedArg::None,
         }
     }
@@ -190,6 +194,8 @@ impl SavedArg {
             SavedArg::Str(s) => Arg::Str(s),
             SavedArg::F64s(v) => Arg::F64s(v),
             SavedArg::I64s(v) => Arg::I64s(v),
+            SavedArg::U64(x) => Arg::U64(*x),
+            SavedArg::Usizes(v) => Arg::Usizes(v),
             SavedArg::None => Arg::None,
             SavedArg::Tensor | SavedArg::Tensors(_) => {
                 unreachable!("tensors are handled by the caller")
