@@ -907,6 +907,7 @@ fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_the
         ("a kept reference", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(y)\n    return y, {ADDR}")),
         ("a kept view", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(y[1:])\n    return y, {ADDR}")),
         ("a subclass", format!("class Sub(np.ndarray):\n    pass\ndef f(x):\n    y = np.ndarray.__new__(Sub, x.shape, np.float32)\n    np.add(x, np.float32(1), out=y)\n    return y, {ADDR}")),
+        ("a weak reference", format!("import weakref\nkept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(weakref.ref(y))\n    return y, {ADDR}")),
         ("a memoryview", format!("kept = []\ndef f(x):\n    y = x + np.float32(1)\n    kept.append(memoryview(y))\n    return y, {ADDR}")),
     ] {
         let out = run(&code, &f32_addr);

@@ -30,6 +30,11 @@ impl Ctxt {
             .push(err);
     }
 
+    /// Whether an error has been recorded so far.
+    pub fn has_errors(&self) -> bool {
+        self.errors.borrow().as_ref().is_some_and(|e| !e.is_empty())
+    }
+
     /// Every error recorded, combined into one; consumes the context.
     pub fn check(self) -> Result<(), syn::Error> {
         let mut errors = self.errors.take().expect("checked once").into_iter();

@@ -20,6 +20,10 @@ pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
     let opts = Options::parse(&cx, args);
     let function = Function::from_item(&cx, &item);
     valid::check(&cx, &opts, &function);
+    if !cx.has_errors() {
+        // The Python itself, once the declaration is right.
+        crate::pycheck::check(&cx, &opts, &function);
+    }
     match cx.check() {
         Ok(()) => expand(&opts, &function),
         Err(e) => {
@@ -288,7 +292,11 @@ fn package_source(
 /// The `.py` files of a package folder, skipping `__pycache__` and dot-folders: the rule of the
 /// runtime's `body::package::walk`, which this proc-macro crate cannot call (`tests/devx_tests.rs`
 /// checks that both list the same files).
-fn collect_py(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+pub(crate) fn collect_py(
+    dir: &std::path::Path,
+    prefix: &str,
+    out: &mut Vec<String>,
+) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();

@@ -9,6 +9,7 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod pycheck;
 mod valid;
 
 use proc_macro::TokenStream;

@@ -73,7 +73,7 @@ pub(crate) unsafe fn for_foreign_writes<T: Pod>(n: usize) -> Option<Vec<T>> {
 
 /// A `Vec` of `n` elements copied from `n * size_of::<T>()` bytes at `src`, which need not be
 /// aligned, or `None` when the memory cannot be had. The buffer gets the same huge-page advice as
-/// [`zeroed`] and is written once.
+/// [`for_foreign_writes`] and is written once.
 ///
 /// # Safety
 /// `src` must be readable for `n * size_of::<T>()` bytes.
@@ -117,18 +117,20 @@ pub(crate) fn advise_huge_pages(ptr: *mut u8, len: usize) {
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn advise_huge_pages(_: *mut u8, _: usize) {}
 
-/// A CPU tensor for the body to write, in a buffer from `alloc::for_foreign_writes` (reused
+/// A CPU tensor for foreign code to write, in a buffer from [`for_foreign_writes`] (reused
 /// memory, huge pages for large ones; unspecified contents, as `np.empty`'s).
-pub(crate) fn unwritten_tensor(
+///
+/// # Safety
+/// As [`for_foreign_writes`]: no Rust code may read the tensor's memory before its data pointer
+/// has been handed to foreign code that may write it.
+pub(crate) unsafe fn unwritten_tensor(
     dtype: candle_core::DType,
     dims: Vec<usize>,
 ) -> candle_core::Result<candle_core::Tensor> {
     let n = dims.iter().product();
     crate::spec::with_numpy_element!(
         dtype,
-        // SAFETY: the tensor's memory goes to foreign code that writes it before anything reads
-        // it: `out_buffers` hands its view to the body as `out` (`finish` takes it back after),
-        // `view::copied_by_numpy` to NumPy's copy.
+        // SAFETY: the caller's promise (above).
         T => match unsafe { for_foreign_writes::<T>(n) } {
             Some(v) => candle_core::Tensor::from_vec(v, dims, &candle_core::Device::Cpu),
             None => Err(candle_core::Error::Msg(no_memory(n, std::mem::size_of::<T>()))),

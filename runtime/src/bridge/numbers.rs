@@ -249,6 +249,9 @@ pub(crate) fn array_to_tensor(
 /// so even the reference that remains can neither write to candle memory nor outlive it.
 pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) -> Option<Tensor> {
     use numpy::npyffi::{self, PY_ARRAY_API};
+    // First what may run Python (the lookup imports `sys` until its cache is filled): from the
+    // reference count check to `take`, no Python code runs, so nothing can gain a reference.
+    crate::python::numpy::numpy_if_loaded(py).ok()??;
     // SAFETY: reading the reference count and type of a live object.
     let (refs, ty) = unsafe {
         (
@@ -256,7 +259,7 @@ pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) ->
             pyo3::ffi::Py_TYPE(value.as_ptr()),
         )
     };
-    if refs != 1 || crate::python::numpy::numpy_if_loaded(py).ok()?.is_none() {
+    if refs != 1 {
         return None;
     }
     // SAFETY: NumPy's ndarray type object (NumPy is loaded).
@@ -271,14 +274,18 @@ pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) ->
     let want =
         npyffi::NPY_ARRAY_OWNDATA | npyffi::NPY_ARRAY_C_CONTIGUOUS | npyffi::NPY_ARRAY_ALIGNED;
     // SAFETY: reading the fields of a live array object.
-    let (flags, base, data) = unsafe {
+    let (flags, base, data, weakrefs) = unsafe {
         (
             (*raw).fields.flags,
             (*raw).fields.base,
             (*raw).fields.data as usize,
+            (*raw).fields.weakreflist,
         )
     };
-    if flags & want != want || !base.is_null() {
+    // A weak reference is a way back to the array that the reference count does not show (as
+    // `ndarray.resize` checks too); ndarrays are not tracked by the garbage collector, so with
+    // neither, nothing but `value` reaches the array.
+    if flags & want != want || !base.is_null() || !weakrefs.is_null() {
         return None;
     }
     let dims = array.shape().to_vec();

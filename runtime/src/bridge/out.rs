@@ -35,7 +35,9 @@ pub(crate) fn out_buffers<'py>(
     let mut bases = Vec::with_capacity(tout.len());
     let mut views = Vec::with_capacity(tout.len());
     for (spec, dims) in tout.iter().zip(shapes) {
-        let t = crate::alloc::unwritten_tensor(spec.dtype, dims).map_err(|e| {
+        // SAFETY: the tensor's view goes to the body as `out` below before anything reads it;
+        // `finish` takes it back after the body returned.
+        let t = unsafe { crate::alloc::unwritten_tensor(spec.dtype, dims) }.map_err(|e| {
             Error::op_failure(NO_OP, ErrorKind::ResourceExhausted, candle_message(&e))
         })?;
         let data = cpu_data_ptr(&t);

@@ -156,7 +156,9 @@ pub(crate) fn copied_by_numpy(
     dtype: DType,
     array: &Bound<'_, PyUntypedArray>,
 ) -> std::result::Result<Tensor, String> {
-    let t = crate::alloc::unwritten_tensor(dtype, array.shape().to_vec())
+    // SAFETY: NumPy's copy below writes every element before anything reads them; on its
+    // failure the tensor is dropped unread.
+    let t = unsafe { crate::alloc::unwritten_tensor(dtype, array.shape().to_vec()) }
         .map_err(|e| crate::error::candle_message(&e))?;
     let prepared = Prepared {
         data: super::prepare::cpu_data_ptr(&t),

@@ -106,10 +106,11 @@ unsafe extern "C" fn pyop_malloc(_: *mut c_void, size: usize) -> *mut c_void {
 
 unsafe extern "C" fn pyop_calloc(_: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
     match nelem.checked_mul(elsize) {
+        None => std::ptr::null_mut(), // NumPy's default does not check the product
         Some(size) if size >= ADOPT_FROM => ours(size, true),
-        _ => {
+        Some(_) => {
             let d = default();
-            // SAFETY: as in `pyop_malloc`; the default allocator checks the product itself.
+            // SAFETY: as in `pyop_malloc`.
             unsafe { (d.calloc)(d.ctx, nelem, elsize) }
         }
     }

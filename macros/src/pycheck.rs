@@ -1,0 +1,287 @@
+//! Bodies checked at build time, by the interpreter pyo3 builds against (`build.rs` records it):
+//! the source compiles (a `SyntaxError` is a compile error naming the file and line, the `.rs`
+//! line for inline code, with the source line), and the body and gradient functions exist as
+//! top-level `def`s that accept the arguments pyop passes. Nothing is run: the interpreter only
+//! compiles and reads the syntax tree (`check.py`). What only running can tell — a name bound
+//! by an import or a decorator, a `module` source — is left to `pyop::validate()`.
+//!
+//! One interpreter process serves every expansion of a rustc run (started on the first check,
+//! ended when rustc exits and closes its stdin), so a crate of 50 ops pays one start-up.
+//! `PYOP_BUILD_CHECKS=0` turns the checks off; so does the absence of an interpreter (e.g.
+//! cross-compiling from a config file), and then `validate()` is the only check.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+
+use proc_macro2::Span;
+
+use crate::ast::{Function, ParamKind};
+use crate::attr::{Code, Grad, Options};
+use crate::ctxt::Ctxt;
+
+const SCRIPT: &str = include_str!("check.py");
+
+struct Checker {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// `None` inside: no interpreter, or it failed; checks are then skipped.
+static CHECKER: Mutex<Option<Option<Checker>>> = Mutex::new(None);
+
+enum Answer {
+    Ok,
+    /// The Python line (0: none) and the message.
+    Error(usize, String),
+    Defer,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('\t', "\\t")
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn start() -> Option<Checker> {
+    if std::env::var("PYOP_BUILD_CHECKS").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let exe = env!("PYOP_CHECK_PYTHON");
+    if exe.is_empty() {
+        return None;
+    }
+    let mut child = Command::new(exe)
+        .args(["-I", "-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let stdin = child.stdin.take()?;
+    let stdout = BufReader::new(child.stdout.take()?);
+    Some(Checker {
+        _child: child,
+        stdin,
+        stdout,
+    })
+}
+
+/// Asks the interpreter; `Defer` when there is none or it fails.
+fn ask(filename: &str, source: &str, function: &str, names: &[String], role: &str) -> Answer {
+    let mut guard = CHECKER.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = guard.get_or_insert_with(start);
+    let Some(checker) = slot else {
+        return Answer::Defer;
+    };
+    let request = [filename, source, function, &names.join(","), role]
+        .map(escape)
+        .join("\t");
+    let mut line = String::new();
+    let answered = writeln!(checker.stdin, "{request}")
+        .and_then(|()| checker.stdin.flush())
+        .and_then(|()| checker.stdout.read_line(&mut line));
+    if !matches!(answered, Ok(n) if n > 0) {
+        *slot = None; // the process is gone: stop asking
+        return Answer::Defer;
+    }
+    let mut fields = line.trim_end_matches('\n').splitn(3, '\t');
+    match (fields.next(), fields.next(), fields.next()) {
+        (Some("ok"), _, _) => Answer::Ok,
+        (Some("error"), Some(n), Some(msg)) => Answer::Error(n.parse().unwrap_or(0), unescape(msg)),
+        _ => Answer::Defer,
+    }
+}
+
+/// What the macro knows of a body's text.
+struct Text {
+    /// How messages name it: `ops/f.py`, or `the inline code`.
+    name: String,
+    text: String,
+    /// For inline code whose lines are the `.rs` file's: the line where the literal starts.
+    rs_line: Option<usize>,
+    span: Span,
+}
+
+/// Checks the body's source, function and gradient; errors go to `cx`, on the source's token.
+pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
+    let Some((texts, module_file)) = texts(opts) else {
+        return;
+    };
+    let names: Vec<String> = f
+        .params
+        .iter()
+        .filter(|p| p.kind != ParamKind::Device)
+        .map(|p| p.name.to_string())
+        .collect();
+    let function = opts
+        .name
+        .as_ref()
+        .map_or_else(|| f.item.sig.ident.to_string(), |n| n.value.value());
+    let grad = match opts.grad.as_ref().map(|g| &g.value) {
+        Some(Grad::Python(g)) => Some(g.value()),
+        _ => None,
+    };
+    for (i, t) in texts.iter().enumerate() {
+        let mut asks = vec![("", "")];
+        if Some(i) == module_file {
+            asks = vec![(function.as_str(), "body")];
+            if let Some(g) = &grad {
+                asks.push((g.as_str(), "gradient"));
+            }
+        }
+        for (func, role) in asks {
+            match ask(&t.name, &t.text, func, &names, role) {
+                Answer::Ok | Answer::Defer => {}
+                Answer::Error(line, msg) => {
+                    let msg = match t.rs_line {
+                        Some(start) if line > 0 => format!(
+                            "{msg}\n(line {line} of the inline code is line {} of this file)",
+                            start + line - 1
+                        ),
+                        _ => msg,
+                    };
+                    cx.syn_error(syn::Error::new(t.span, msg));
+                    return; // one error per body: the first one found
+                }
+            }
+        }
+    }
+}
+
+/// The texts to check and which of them holds the body, for sources the macro can read.
+fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let manifest = std::path::Path::new(&manifest);
+    if let Some(file) = &opts.file {
+        let rel = file.value.value();
+        let text = std::fs::read_to_string(manifest.join(&rel)).ok()?;
+        let t = Text {
+            name: rel,
+            text,
+            rs_line: None,
+            span: file.value.span(),
+        };
+        return Some((vec![t], Some(0)));
+    }
+    if let Some(code) = &opts.code {
+        return match &code.value {
+            Code::Lit(lit) => {
+                let text = lit.value();
+                let lines_match =
+                    text.matches('\n').count() == lit.token().to_string().matches('\n').count();
+                let rs_line = lines_match.then(|| rs_line(lit.span())).flatten();
+                let t = Text {
+                    name: "the inline code".to_owned(),
+                    text,
+                    rs_line,
+                    span: lit.span(),
+                };
+                Some((vec![t], Some(0)))
+            }
+            Code::Expr(e) => include_str_text(e).map(|t| (vec![t], Some(0))),
+        };
+    }
+    if let Some(package) = &opts.package {
+        let rel = package.value.value();
+        let root = manifest.join(&rel);
+        let name = crate::attr::package_name(&rel);
+        let module = opts
+            .module
+            .as_ref()
+            .map_or(name.clone(), |m| m.value.value());
+        // The body's file: `mylib/__init__.py` for `mylib`, `mylib/sub.py` or
+        // `mylib/sub/__init__.py` for `mylib.sub`.
+        let inner: Vec<&str> = module.split('.').skip(1).collect();
+        let base = inner.iter().fold(root.clone(), |p, m| p.join(m));
+        let body_file = if inner.is_empty() {
+            root.join("__init__.py")
+        } else if base.with_extension("py").is_file() {
+            base.with_extension("py")
+        } else {
+            base.join("__init__.py")
+        };
+        let mut files = Vec::new();
+        crate::expand::collect_py(&root, "", &mut files).ok()?;
+        let mut texts = Vec::new();
+        let mut body_index = None;
+        for f in files {
+            let path = root.join(&f);
+            let text = std::fs::read_to_string(&path).ok()?;
+            if path == body_file {
+                body_index = Some(texts.len());
+            }
+            texts.push(Text {
+                name: format!("{}/{f}", rel.trim_end_matches('/')),
+                text,
+                rs_line: None,
+                span: package.value.span(),
+            });
+        }
+        return Some((texts, body_index));
+    }
+    None // `module`: importing it could run anything; validate() checks it
+}
+
+/// `include_str!("path")`, read the way rustc will (relative to the file the macro is in), where
+/// this rustc tells the macro that file.
+fn include_str_text(e: &syn::Expr) -> Option<Text> {
+    let syn::Expr::Macro(m) = e else {
+        return None; // a constant: its text is not the macro's to see
+    };
+    if !m.mac.path.is_ident("include_str") {
+        return None;
+    }
+    let lit: syn::LitStr = m.mac.parse_body().ok()?;
+    let here = source_file()?;
+    let path = here.parent()?.join(lit.value());
+    let text = std::fs::read_to_string(&path).ok()?;
+    Some(Text {
+        name: lit.value(),
+        text,
+        rs_line: None,
+        span: lit.span(),
+    })
+}
+
+#[cfg(pyop_span_locations)]
+#[allow(clippy::incompatible_msrv)] // only compiled with Rust >= 1.88 (build.rs)
+fn source_file() -> Option<std::path::PathBuf> {
+    proc_macro::Span::call_site().local_file()
+}
+
+#[cfg(not(pyop_span_locations))]
+fn source_file() -> Option<std::path::PathBuf> {
+    None
+}
+
+/// The `.rs` line where `span` starts, where this rustc tells the macro.
+#[cfg(pyop_span_locations)]
+#[allow(clippy::incompatible_msrv)] // only compiled with Rust >= 1.88 (build.rs)
+fn rs_line(span: Span) -> Option<usize> {
+    Some(span.unwrap().line())
+}
+
+#[cfg(not(pyop_span_locations))]
+fn rs_line(_: Span) -> Option<usize> {
+    None
+}

@@ -1,0 +1,5 @@
+import math
+
+
+def bad(x):
+    return math.sqrt(x +)
