@@ -61,6 +61,14 @@ case "${1:-}" in
     RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" cargo test --workspace --doc
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
     cargo clippy --workspace --all-targets -- -D warnings
+    # The repository's Python bodies against the `pyop` stub (build/pyop.pyi): a name or an
+    # argument count the module does not have is an error. mypy goes into .venv once.
+    .venv/bin/python -m mypy --version >/dev/null 2>&1 \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
+    for bodies in examples/ops tests/py; do
+      MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
+        --disable-error-code var-annotated --no-error-summary "$bodies"
+    done
     ;;
   true)
     ;;  # only the set-up above (used by scripts/bench.sh)

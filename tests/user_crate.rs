@@ -216,7 +216,51 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
         cmd,
     );
     check("from another directory", &out);
+    assert_eq!(
+        std::fs::read_to_string(app.join("typings/pyop.pyi")).unwrap(),
+        pyop_build::PYTHON_STUB,
+        "[{tag}] the README's build.rs writes the stub"
+    );
+    if tag == "default" {
+        body_checked_at_build_time(&app, &blocks["src/main.rs"], &cargo_cmd);
+    }
     println!("test user_crate_{tag} (Python {version}) ... ok");
+}
+
+/// A body in a `file` is checked when the crate builds, and editing it rebuilds and re-checks:
+/// a syntax error fails `cargo build` naming the file, line and source line; the fix builds.
+fn body_checked_at_build_time(app: &Path, main_rs: &str, cargo: &dyn Fn(&[&str]) -> Command) {
+    std::fs::create_dir_all(app.join("ops")).unwrap();
+    let body = app.join("ops/double.py");
+    std::fs::write(&body, "def double(x):\n    return x * 2\n").unwrap();
+    let with_file_op = format!(
+        "{main_rs}\n#[allow(dead_code)]\n#[py_op(file = \"ops/double.py\", tout = f32)]\n\
+         fn double(x: &Tensor) -> pyop::Result<Tensor>;\n"
+    );
+    std::fs::write(app.join("src/main.rs"), with_file_op).unwrap();
+    run(
+        "[default] cargo build with a file body",
+        cargo(&["build", "--quiet"]),
+    );
+    std::fs::write(&body, "def double(x):\n    return x *\n").unwrap();
+    let out = cargo(&["build", "--quiet"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a syntax error in ops/double.py must fail the build"
+    );
+    assert!(
+        stderr.contains("Python syntax error in ops/double.py, line 2: invalid syntax")
+            && stderr.contains("return x *")
+            && stderr.contains("#[py_op(file = \"ops/double.py\""),
+        "the error names the file, line and source line, on the `file` path:\n{stderr}"
+    );
+    std::fs::write(&body, "def double(x):\n    return x * 2\n").unwrap();
+    run(
+        "[default] cargo build after the fix",
+        cargo(&["build", "--quiet"]),
+    );
+    std::fs::write(app.join("src/main.rs"), main_rs).unwrap();
 }
 
 fn main() {

@@ -27,6 +27,35 @@
 #![allow(clippy::needless_doctest_main)]
 
 use std::env;
+use std::path::{Path, PathBuf};
+
+/// The type stub of the `pyop` module that `#[py_op]` bodies import (`pyop.pyi`): every
+/// `Tensor` method and module function with parameter and return types, `OpTimeout`,
+/// `RustError`, `RustPanic` and `rust`.
+pub const PYTHON_STUB: &str = include_str!("../pyop.pyi");
+
+/// Writes [`PYTHON_STUB`] to `dir/pyop.pyi` (creating `dir`), unless it is already there, so
+/// that editors and type checkers resolve `import pyop` in body files and complete
+/// `pyop.relu` or `x.narrow`. Call it from `build.rs`; a relative `dir` is relative to the
+/// crate's folder. `"typings"` is where pyright and Pylance look by default; for mypy, add the
+/// folder to `mypy_path`.
+///
+/// ```no_run
+/// // build.rs
+/// fn main() {
+///     pyop_build::link_libpython();
+///     pyop_build::write_python_stub("typings").expect("typings/pyop.pyi");
+/// }
+/// ```
+pub fn write_python_stub(dir: impl AsRef<Path>) -> std::io::Result<PathBuf> {
+    let path = dir.as_ref().join("pyop.pyi");
+    if std::fs::read_to_string(&path).is_ok_and(|s| s == PYTHON_STUB) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir.as_ref())?;
+    std::fs::write(&path, PYTHON_STUB)?;
+    Ok(path)
+}
 
 /// What pyop's build script published, read from the `DEP_PYOP_*` variables cargo sets for a
 /// crate that depends on pyop directly.

@@ -548,6 +548,28 @@ pub fn package_name(path: &str) -> String {
         .to_owned()
 }
 
+/// The `.py` files of a package folder, skipping `__pycache__` and dot-folders: the rule of the
+/// runtime's `body::package::walk`, which this proc-macro crate cannot call (`tests/devx_tests.rs`
+/// checks that both list the same files).
+pub(crate) fn collect_py(
+    dir: &std::path::Path,
+    prefix: &str,
+    out: &mut Vec<String>,
+) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type()?.is_dir() {
+            if name != "__pycache__" && !name.starts_with('.') {
+                collect_py(&entry.path(), &format!("{prefix}{name}/"), out)?;
+            }
+        } else if name.ends_with(".py") {
+            out.push(format!("{prefix}{name}"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

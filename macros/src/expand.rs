@@ -257,7 +257,7 @@ fn package_source(
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     let root = std::path::Path::new(&manifest).join(&rel);
     let mut files = Vec::new();
-    collect_py(&root, "", &mut files).map_err(|e| {
+    crate::attr::collect_py(&root, "", &mut files).map_err(|e| {
         syn::Error::new(
             lit.span(),
             match e.kind() {
@@ -287,26 +287,4 @@ fn package_source(
     Ok(
         quote!(#p::SourceDecl::Package { path: #rel, abs: #abs, name: #name, module: #module, files: &[#(#entries),*] }),
     )
-}
-
-/// The `.py` files of a package folder, skipping `__pycache__` and dot-folders: the rule of the
-/// runtime's `body::package::walk`, which this proc-macro crate cannot call (`tests/devx_tests.rs`
-/// checks that both list the same files).
-pub(crate) fn collect_py(
-    dir: &std::path::Path,
-    prefix: &str,
-    out: &mut Vec<String>,
-) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.file_type()?.is_dir() {
-            if name != "__pycache__" && !name.starts_with('.') {
-                collect_py(&entry.path(), &format!("{prefix}{name}/"), out)?;
-            }
-        } else if name.ends_with(".py") {
-            out.push(format!("{prefix}{name}"));
-        }
-    }
-    Ok(())
 }

@@ -48,12 +48,12 @@ use proc_macro::TokenStream;
 /// | option | meaning |
 /// |---|---|
 /// | `file = "py/ops.py"` | body source: a file relative to the crate's `Cargo.toml`, embedded at compile time (editing it rebuilds; the binary needs no Python files) |
-/// | `code = "..."` | body source: inline Python (a string literal; raw strings keep tracebacks on the `.rs` file's lines) |
+/// | `code = "..."` | body source: inline Python (a string literal; raw strings keep tracebacks on the `.rs` file's lines), a `&'static str` constant, or `include_str!("...")` |
 /// | `package = "py/mylib"` | body source: a folder embedded at compile time and imported from memory as package `mylib` (bodies can `from . import helpers`); the body is in `mylib`, or in `module = "mylib.sub"` |
 /// | `module = "pkg.mod"` | body source: a module imported from `sys.path` on first call |
 /// | `name = "f"` | the Python function's name; default: the Rust function's |
 /// | `numpy` | numpy mode; default: tensor mode |
-/// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]` |
+/// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]`; `x.dtype` (with an optional shape) and `like(x)` take a tensor parameter's dtype, and shape |
 /// | `grad = "f_grad"` | a gradient in Python, in the same source: `f_grad(inputs, outputs, grads)` |
 /// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |
 /// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`) |
@@ -64,10 +64,11 @@ use proc_macro::TokenStream;
 ///
 /// # Parameters and return type
 ///
-/// Parameters are passed to Python positionally in declaration order: `&Tensor`; `f64`, `i64`,
-/// `bool`, `&str` (Python `float`, `int`, `bool`, `str`); `&[Tensor]` (a list); `&[f64]`,
-/// `&[i64]` (lists); `Option<…>` of any of these (`None`); and one optional `&Device`, not passed
-/// to Python, naming the outputs' device (default: the inputs' device).
+/// Parameters are passed to Python positionally in declaration order: `&Tensor`; `f64`, `f32`,
+/// `i64`, `i32`, `u32`, `usize`, `bool`, `&str` (Python `float`, `int`, `bool`, `str`, without
+/// loss); `&[Tensor]` (a list); `&[f64]`, `&[i64]`, `&[usize]` (lists); `Option<…>` of any of
+/// these (`None`); and one optional `&Device`, not passed to Python, naming the outputs' device
+/// (default: the inputs' device).
 ///
 /// The return type is `Result<Tensor>`, `Result<(Tensor, …)>` (up to 12) or `Result<()>`, with
 /// `pyop::Result`, `candle_core::Result`, `anyhow::Result` or any `Result<_, E>` where
@@ -92,8 +93,15 @@ use proc_macro::TokenStream;
 /// once: unknown or duplicate keys, unknown dtypes, two sources or none, `tout` arity against
 /// the return type, malformed shapes, unsupported parameter or return types, generics, `async`,
 /// `self`, a body, a missing `file` or `package` folder, and dtypes NumPy cannot hold (bf16, f8)
-/// in numpy mode. What only Python can tell — the function exists and takes these arguments,
-/// the source compiles, NumPy imports — `pyop::validate()` checks at start-up.
+/// in numpy mode.
+///
+/// The Python is checked at build time as well, by the interpreter pyo3 builds against (it
+/// compiles the source without running it): for `code`, `file`, `package` and
+/// `code = include_str!(…)` sources, a syntax error, a missing body or gradient function, or one
+/// that cannot take the op's positional arguments is a compile error on the source's token.
+/// What only running can tell — a `module` source, a `code = CONST`, a name bound by an import,
+/// NumPy importing — `pyop::validate()` checks at start-up. `PYOP_BUILD_CHECKS=0` turns the
+/// build-time check off.
 #[proc_macro_attribute]
 pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::py_op(args.into(), item.into()).into()

@@ -221,7 +221,7 @@ fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
             base.join("__init__.py")
         };
         let mut files = Vec::new();
-        crate::expand::collect_py(&root, "", &mut files).ok()?;
+        crate::attr::collect_py(&root, "", &mut files).ok()?;
         let mut texts = Vec::new();
         let mut body_index = None;
         for f in files {

@@ -131,7 +131,7 @@ impl OutSpec {
     /// (borrowed as they are when no output takes an argument's dtype).
     pub(crate) fn resolve<'s>(
         tout: &'s [OutSpec],
-        args: &[crate::Arg<'_>],
+        args: &[crate::arg::Arg<'_>],
     ) -> Result<Cow<'s, [OutSpec]>, String> {
         if tout.iter().all(|o| o.dtype_of.is_none()) {
             return Ok(Cow::Borrowed(tout));
@@ -141,7 +141,7 @@ impl OutSpec {
             .map(|(out, o)| match o.dtype_of {
                 None => Ok(o.clone()),
                 Some(i) => match args.get(i) {
-                    Some(crate::Arg::Tensor(t)) => Ok(OutSpec {
+                    Some(crate::arg::Arg::Tensor(t)) => Ok(OutSpec {
                         dtype: t.dtype(),
                         dtype_of: None,
                         ..o.clone()

@@ -9,5 +9,5 @@ def lib_fn(x):
 
 def where_from(x):
     import pyop
-    loader = type(__loader__).__name__
+    loader = type(__spec__.loader).__name__
     return pyop.tensor([int(loader == "_EmbeddedPackage"), int(__name__ == "mylib")])
