@@ -266,7 +266,10 @@ fn include_str_text(e: &syn::Expr) -> Option<Text> {
 #[cfg(pyop_span_locations)]
 #[allow(clippy::incompatible_msrv)] // only compiled with Rust >= 1.88 (build.rs)
 fn source_file() -> Option<std::path::PathBuf> {
-    proc_macro::Span::call_site().local_file()
+    // (Outside a macro expansion, as in unit tests, there is no compiler to ask.)
+    proc_macro::is_available()
+        .then(|| proc_macro::Span::call_site().local_file())
+        .flatten()
 }
 
 #[cfg(not(pyop_span_locations))]
@@ -278,10 +281,70 @@ fn source_file() -> Option<std::path::PathBuf> {
 #[cfg(pyop_span_locations)]
 #[allow(clippy::incompatible_msrv)] // only compiled with Rust >= 1.88 (build.rs)
 fn rs_line(span: Span) -> Option<usize> {
-    Some(span.unwrap().line())
+    proc_macro::is_available().then(|| span.unwrap().line())
 }
 
 #[cfg(not(pyop_span_locations))]
 fn rs_line(_: Span) -> Option<usize> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ast::Item;
+    use quote::quote;
+
+    /// Runs the check on a declaration; the errors, joined.
+    fn errors(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        let cx = Ctxt::new();
+        let opts = Options::parse(&cx, args);
+        let item: Item = syn::parse2(item).unwrap();
+        let f = Function::from_item(&cx, &item);
+        check(&cx, &opts, &f);
+        cx.check().err().map_or(String::new(), |e| e.to_string())
+    }
+
+    /// A package: every module is compiled, and the body is looked up in the one `module` names.
+    #[test]
+    fn packages_are_checked_file_by_file() {
+        let root = std::env::temp_dir().join(format!("pyop-pycheck-{}", std::process::id()));
+        let pkg = root.join("mylib");
+        std::fs::create_dir_all(pkg.join("sub")).unwrap();
+        std::fs::write(pkg.join("__init__.py"), "def lib_fn(x):\n    return x\n").unwrap();
+        std::fs::write(pkg.join("sub/__init__.py"), "def deep(x, k):\n    return x\n").unwrap();
+        std::fs::write(pkg.join("helpers.py"), "def h(x):\n    return (x\n").unwrap();
+        let path = pkg.display().to_string();
+        let item = quote!(fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;);
+        let e = errors(quote!(package = #path, tout = f32), item.clone());
+        assert!(e.contains("helpers.py, line 2: '(' was never closed"), "{e}");
+        std::fs::write(pkg.join("helpers.py"), "def h(x):\n    return x\n").unwrap();
+        assert_eq!(errors(quote!(package = #path, tout = f32), item), "");
+        // `module` picks the file the body is in: `mylib.sub` is `sub/__init__.py`.
+        let e = errors(
+            quote!(package = #path, module = "mylib.sub", name = "deep", tout = f32),
+            quote!(fn deep(x: &Tensor) -> pyop::Result<Tensor>;),
+        );
+        assert!(e.contains("the body `deep(x, k)` takes at least 2 positional arguments"), "{e}");
+        let e = errors(
+            quote!(package = #path, module = "mylib.sub", tout = f32),
+            quote!(fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;),
+        );
+        assert!(e.contains("defines no function `lib_fn`; it defines `deep`"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// `module` sources are never imported at build time, and a constant's text is not seen.
+    #[test]
+    fn what_needs_running_is_left_to_validate() {
+        let item = quote!(fn f(x: &Tensor) -> pyop::Result<Tensor>;);
+        assert_eq!(errors(quote!(module = "no_such_module", tout = f32), item.clone()), "");
+        assert_eq!(errors(quote!(code = BODY, tout = f32), item.clone()), "");
+        // Bound by an import, or decorated: not a plain `def`, so not judged.
+        assert_eq!(errors(quote!(code = "from m import g as f", tout = f32), item.clone()), "");
+        assert_eq!(
+            errors(quote!(code = "@wrap\ndef f():\n    pass", tout = f32), item),
+            ""
+        );
+    }
 }
