@@ -70,8 +70,11 @@ fn set_event(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def add_one(x):\n    return x + 1", numpy, tout = f32)]
 fn add_one(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// A body blocked in Python (here in `Event.wait`, which releases the GIL) holds no Rust lock
+/// that other calls or plain candle work need. (What the GIL itself does outside Python is
+/// checked by the next two tests.)
 #[test]
-fn the_gil_is_never_held_outside_python() {
+fn a_body_waiting_in_python_blocks_no_other_call() {
     within(120, "event wait", || {
         let waiter = std::thread::spawn(|| wait_for_event(&scalar(1.0)));
         let worker = std::thread::spawn(|| {
@@ -92,6 +95,86 @@ fn the_gil_is_never_held_outside_python() {
         assert_eq!(worker.join().unwrap(), 128.0 * 128.0);
         waiter.join().unwrap().unwrap();
     });
+}
+
+/// In a body, candle work on 32 Ki elements or more runs with the GIL released, and smaller
+/// work keeps it. Deterministic: with a switch interval of 1000 s Python never takes the GIL
+/// from the body's thread, so a second Python thread can count only while pyop released it.
+#[py_op(code = r#"
+import sys, threading, time, pyop
+
+def gil_released(x):
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    count, stop, started = [0], threading.Event(), threading.Event()
+    def spin():
+        started.set()
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0)  # gives the GIL back at once: the body's thread never waits long
+    t = threading.Thread(target=spin)
+    try:
+        t.start()
+        started.wait()
+        before = count[0]
+        for _ in range(200):          # large work: some iteration lets the spinner run
+            x.exp()
+            if count[0] != before:
+                break
+        large = count[0] - before
+        small_x = x[:1024]
+        before = count[0]
+        for _ in range(200):          # small work: never
+            small_x.exp()
+        small = count[0] - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        t.join()
+    return pyop.tensor([large > 0, small == 0], dtype="u8")
+"#, tout = u8)]
+fn gil_released(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn candle_work_in_a_body_runs_without_the_gil() {
+    let x = Tensor::ones(1 << 18, DType::F32, &Device::Cpu).unwrap();
+    let flags = within(120, "GIL release", move || gil_released(&x).unwrap());
+    assert_eq!(
+        flags.to_vec1::<u8>().unwrap(),
+        [1, 1],
+        "[large work released the GIL, small work kept it]"
+    );
+}
+
+/// Every call takes the GIL once on its thread — input preparation (a `Var` snapshot), large
+/// output copies and large tensor work release it and take it back, which does not count — and
+/// a call made while the GIL is held takes none.
+#[test]
+fn every_call_takes_the_gil_once() {
+    let keep = PyOp::builder("keep")
+        .code("kept = None\ndef keep(x):\n    global kept\n    kept = x + 1\n    return kept")
+        .numpy()
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let tensor = PyOp::builder("exp")
+        .code("def exp(x):\n    return x.exp()")
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let big = Var::new(vec![1f32; 1 << 20], &Device::Cpu).unwrap();
+    for op in [&keep, &tensor] {
+        let before = op.stats().gil_acquisitions;
+        for _ in 0..5 {
+            op.call(&[Arg::from(big.as_tensor())]).unwrap();
+        }
+        assert_eq!(op.stats().gil_acquisitions - before, 5, "{}", op.name());
+    }
+    let before = keep.stats().gil_acquisitions;
+    pyop::interop::pyo3::Python::attach(|_| {
+        keep.call(&[Arg::from(big.as_tensor())]).unwrap();
+    });
+    assert_eq!(keep.stats().gil_acquisitions - before, 0, "called with the GIL held");
 }
 
 #[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]

@@ -10,10 +10,12 @@ pub(crate) struct Counters {
     errors: AtomicU64,
     python_ns: AtomicU64,
     gil_wait_ns: AtomicU64,
+    gil_taken: AtomicU64,
 }
 
 /// A snapshot of an op's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OpStats {
     /// Calls made, successful or not (forward calls and gradient calls).
     pub calls: u64,
@@ -23,6 +25,11 @@ pub struct OpStats {
     pub python_time: Duration,
     /// Time spent waiting to take the GIL.
     pub gil_wait: Duration,
+    /// Times the calling thread took the GIL during forward calls, from the arguments to the
+    /// outputs (one per call; none for a call made while the GIL is held, as from a body).
+    /// Releasing it inside a call — large copies, big tensor work — and taking it back does not
+    /// count.
+    pub gil_acquisitions: u64,
 }
 
 impl Counters {
@@ -36,12 +43,18 @@ impl Counters {
             .fetch_add(gil_wait.as_nanos() as u64, Relaxed);
     }
 
+    /// Adds the GIL acquisitions one forward call made on its thread.
+    pub(crate) fn record_gil(&self, taken: u64) {
+        self.gil_taken.fetch_add(taken, Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> OpStats {
         OpStats {
             calls: self.calls.load(Relaxed),
             errors: self.errors.load(Relaxed),
             python_time: Duration::from_nanos(self.python_ns.load(Relaxed)),
             gil_wait: Duration::from_nanos(self.gil_wait_ns.load(Relaxed)),
+            gil_acquisitions: self.gil_taken.load(Relaxed),
         }
     }
 }

@@ -330,6 +330,24 @@ fn every_runtime_file_uses_only_its_layer_and_below() {
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
+/// One door into Python: the GIL is taken only in `python::attach`, which counts it
+/// (`OpStats::gil_acquisitions`); any other `Python::attach` would go uncounted.
+#[test]
+fn the_gil_is_taken_in_one_place() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (modules, _) = graph(&root);
+    let mut others = Vec::new();
+    for (module, file) in &modules {
+        let text = code(&std::fs::read_to_string(file).unwrap());
+        let allowed = module.as_slice() == ["python".to_owned()];
+        let n = text.matches("Python::attach").count() + text.matches("Python::try_attach").count();
+        if n > 0 && !(allowed && n == 1) {
+            others.push(show(module, &modules, &root));
+        }
+    }
+    assert!(others.is_empty(), "Python::attach outside python::attach: {others:?}");
+}
+
 #[test]
 fn the_macro_crate_has_no_import_cycle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -32,7 +32,7 @@ pub(crate) fn with_gil<R>(
 ) -> Result<(R, Duration)> {
     let asked = Instant::now();
     env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
-    Python::attach(|py| {
+    crate::python::attach(|py| {
         let waited = asked.elapsed();
         ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
         f(py).map(|r| (r, waited))
@@ -62,5 +62,5 @@ fn ensure_ready(py: Python<'_>) -> Result<&'static PythonEnv> {
 /// The Python environment pyop uses, starting the interpreter if needed.
 pub fn python_env() -> Result<PythonEnv> {
     env::preflight()?;
-    Python::attach(|py| ensure_ready(py).cloned())
+    crate::python::attach(|py| ensure_ready(py).cloned())
 }

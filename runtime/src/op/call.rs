@@ -43,6 +43,15 @@ impl PyOp {
 
     /// Calls the op with per-call options.
     pub fn call_with(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
+        let taken = crate::python::acquisitions();
+        let result = self.call_counted(args, options);
+        let taken = crate::python::acquisitions() - taken;
+        self.inner.counters.record_gil(taken);
+        result
+    }
+
+    /// The call itself; `call_with` counts the GIL acquisitions it makes.
+    fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
         let op = &*self.inner;
         let device = op.failed_before_python(output_device(op, args, options.device))?;
         let span = tracing::trace_span!(

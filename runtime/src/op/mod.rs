@@ -189,7 +189,7 @@ impl Drop for OpInner {
         // deferred pool: a dropped run-time op leaves nothing behind in Python.
         // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
         if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
-            Python::attach(|py| {
+            crate::python::attach(|py| {
                 if self.owns_lines {
                     if let Some(src) = &self.source {
                         source::forget_lines(py, src);

@@ -33,7 +33,7 @@ struct ErrorKindBox(ErrorKind);
 /// A Python exception (`pyop.RustError`) carrying `err`, for Rust code called from a body: an op
 /// whose body lets it pass reports it with its kind kept and the body's traceback added.
 pub fn error_to_python(err: Error) -> PyErr {
-    Python::attach(|py| {
+    super::attach(|py| {
         let e = RustError::new_err(err.to_string());
         if let Ok(b) = Bound::new(py, ErrorKindBox(err.kind())) {
             let _ = e.value(py).setattr("_pyop_kind", b);

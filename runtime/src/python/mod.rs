@@ -14,18 +14,44 @@ pub(crate) mod numpy;
 pub(crate) mod numpy_alloc;
 pub(crate) mod timeout;
 
+use std::cell::Cell;
+
 use pyo3::prelude::*;
+
+thread_local! {
+    /// How many times this thread took the GIL through [`attach`].
+    static TAKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether this thread holds the GIL (never asks before the interpreter exists).
+fn holds_gil() -> bool {
+    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
+    // that it is never asked before the interpreter exists.
+    unsafe { pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 }
+}
+
+/// Runs `f` with the GIL: every place pyop enters Python goes through here
+/// (`runtime/tests/layers.rs` checks), so how often a thread took the GIL is known
+/// ([`acquisitions`]; re-entering while it is held takes nothing).
+pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+    if !holds_gil() {
+        TAKEN.with(|t| t.set(t.get() + 1));
+    }
+    Python::attach(f)
+}
+
+/// How many times this thread has taken the GIL through [`attach`] so far.
+pub(crate) fn acquisitions() -> u64 {
+    TAKEN.with(Cell::get)
+}
 
 /// Runs `f`, which must not need Python, with the GIL released if this thread holds it.
 ///
 /// Used around anything that can block on another thread (candle's storage locks): a thread that
 /// blocks while holding the GIL can deadlock with a Python body that is waiting for the GIL.
 pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
-    // that it is never asked before the interpreter exists.
-    let held = unsafe { pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 };
-    if held {
-        Python::attach(|py| py.detach(f))
+    if holds_gil() {
+        attach(|py| py.detach(f))
     } else {
         f()
     }

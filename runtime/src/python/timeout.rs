@@ -52,7 +52,7 @@ fn watch_loop(rx: mpsc::Receiver<Watch>) {
         }
         let now = Instant::now();
         for w in pending.iter_mut().filter(|w| w.deadline <= now) {
-            Python::attach(|py| {
+            super::attach(|py| {
                 // A thread inside pyop's own imports (NumPy) is not interrupted: a half-done
                 // import breaks the module for the whole process. The limit fires right after.
                 if shielded(w.thread) {
@@ -204,7 +204,7 @@ impl Armed {
                     .any(|w| w.load(Ordering::Acquire) == FIRED)
             });
             if enclosing_fired {
-                Python::attach(|py| {
+                super::attach(|py| {
                     let exc = py.get_type::<OpTimeout>();
                     // SAFETY: the GIL is held; `exc` is a live exception type.
                     unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(self.thread as _, exc.as_ptr()) };
