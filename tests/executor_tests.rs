@@ -174,7 +174,11 @@ fn every_call_takes_the_gil_once() {
     pyop::interop::pyo3::Python::attach(|_| {
         keep.call(&[Arg::from(big.as_tensor())]).unwrap();
     });
-    assert_eq!(keep.stats().gil_acquisitions - before, 0, "called with the GIL held");
+    assert_eq!(
+        keep.stats().gil_acquisitions - before,
+        0,
+        "called with the GIL held"
+    );
 }
 
 #[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]

@@ -991,3 +991,90 @@ fn candle_number_types_pass_to_python_without_loss() {
     let flags = rust_numbers(&x, usize::MAX, u32::MAX, i32::MIN, 0.1f32, &[2, 3], None).unwrap();
     assert_eq!(flags.to_vec1::<u8>().unwrap(), [1; 8]);
 }
+
+// --- the `out` protocol, in every form ---
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = i64)]
+fn out_addresses(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = f32[x])]
+fn returns_out(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = f32[x])]
+fn returns_none(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = f32[4, 3])]
+fn declared_shape(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = (f32[x], i64[x]))]
+fn two_outputs(x: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = f32[x])]
+fn returns_other(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = f32[x])]
+fn keeps_a_view(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(file = "tests/py/outs.py", numpy, tout = ())]
+fn scribble_on_kept(x: &Tensor) -> pyop::Result<()>;
+
+/// The buffers the last `outs.py` body was given, as the body saw them. Bodies of one file share
+/// one module, and the tests here call them one at a time (a lock), so "last" is this test's.
+fn given(x: &Tensor) -> Vec<usize> {
+    out_addresses(x)
+        .unwrap()
+        .to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|a| a as usize)
+        .collect()
+}
+
+static OUTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Each form of `out` hands back the very memory the body wrote: one output returned as `out`
+/// or as `None`, a fully declared shape, two outputs (a tuple `out`); any other return is an
+/// error naming the rule.
+#[test]
+fn out_buffers_become_the_outputs_without_a_copy() {
+    let _one_at_a_time = OUTS.lock().unwrap();
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    let y = returns_out(&x).unwrap();
+    assert_eq!(given(&x), [data_ptr(&y)], "returned `out`");
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+    let y = returns_none(&x).unwrap();
+    assert_eq!(given(&x), [data_ptr(&y)], "returned None");
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [2., 4., 6.]);
+    let y = declared_shape(&x).unwrap();
+    assert_eq!(given(&x), [data_ptr(&y)], "f32[4, 3]");
+    assert_eq!(y.dims(), [4, 3]);
+    assert_eq!(
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        (0..12).map(|i| i as f32).collect::<Vec<_>>()
+    );
+    let (a, b) = two_outputs(&x).unwrap();
+    assert_eq!(given(&x), [data_ptr(&a), data_ptr(&b)], "a tuple `out`");
+    assert_eq!(a.to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+    assert_eq!(b.to_vec1::<i64>().unwrap(), [0, 1, 2]);
+    let err = returns_other(&x).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        err.to_string().contains(
+            "op `returns_other`: a body given `out` writes its outputs into it and returns None \
+             (or `out`), got a NumPy array of dtype float32 and shape [3]"
+        ),
+        "{err}"
+    );
+}
+
+/// A body that keeps a view of `out` past the call gets its output copied: the tensor is not
+/// the buffer the body kept, and a later write through the kept view does not reach it.
+#[test]
+fn a_kept_view_of_out_makes_the_output_a_copy() {
+    let _one_at_a_time = OUTS.lock().unwrap();
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    let y = keeps_a_view(&x).unwrap();
+    assert_ne!(given(&x), [data_ptr(&y)]);
+    scribble_on_kept(&x).unwrap();
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [1., 2., 3.]);
+}

@@ -312,36 +312,66 @@ mod tests {
         let pkg = root.join("mylib");
         std::fs::create_dir_all(pkg.join("sub")).unwrap();
         std::fs::write(pkg.join("__init__.py"), "def lib_fn(x):\n    return x\n").unwrap();
-        std::fs::write(pkg.join("sub/__init__.py"), "def deep(x, k):\n    return x\n").unwrap();
+        std::fs::write(
+            pkg.join("sub/__init__.py"),
+            "def deep(x, k):\n    return x\n",
+        )
+        .unwrap();
         std::fs::write(pkg.join("helpers.py"), "def h(x):\n    return (x\n").unwrap();
         let path = pkg.display().to_string();
-        let item = quote!(fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;);
+        let item = quote!(
+            fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;
+        );
         let e = errors(quote!(package = #path, tout = f32), item.clone());
-        assert!(e.contains("helpers.py, line 2: '(' was never closed"), "{e}");
+        assert!(
+            e.contains("helpers.py, line 2: '(' was never closed"),
+            "{e}"
+        );
         std::fs::write(pkg.join("helpers.py"), "def h(x):\n    return x\n").unwrap();
         assert_eq!(errors(quote!(package = #path, tout = f32), item), "");
         // `module` picks the file the body is in: `mylib.sub` is `sub/__init__.py`.
         let e = errors(
             quote!(package = #path, module = "mylib.sub", name = "deep", tout = f32),
-            quote!(fn deep(x: &Tensor) -> pyop::Result<Tensor>;),
+            quote!(
+                fn deep(x: &Tensor) -> pyop::Result<Tensor>;
+            ),
         );
-        assert!(e.contains("the body `deep(x, k)` takes at least 2 positional arguments"), "{e}");
+        assert!(
+            e.contains("the body `deep(x, k)` takes at least 2 positional arguments"),
+            "{e}"
+        );
         let e = errors(
             quote!(package = #path, module = "mylib.sub", tout = f32),
-            quote!(fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;),
+            quote!(
+                fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;
+            ),
         );
-        assert!(e.contains("defines no function `lib_fn`; it defines `deep`"), "{e}");
+        assert!(
+            e.contains("defines no function `lib_fn`; it defines `deep`"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// `module` sources are never imported at build time, and a constant's text is not seen.
     #[test]
     fn what_needs_running_is_left_to_validate() {
-        let item = quote!(fn f(x: &Tensor) -> pyop::Result<Tensor>;);
-        assert_eq!(errors(quote!(module = "no_such_module", tout = f32), item.clone()), "");
+        let item = quote!(
+            fn f(x: &Tensor) -> pyop::Result<Tensor>;
+        );
+        assert_eq!(
+            errors(quote!(module = "no_such_module", tout = f32), item.clone()),
+            ""
+        );
         assert_eq!(errors(quote!(code = BODY, tout = f32), item.clone()), "");
         // Bound by an import, or decorated: not a plain `def`, so not judged.
-        assert_eq!(errors(quote!(code = "from m import g as f", tout = f32), item.clone()), "");
+        assert_eq!(
+            errors(
+                quote!(code = "from m import g as f", tout = f32),
+                item.clone()
+            ),
+            ""
+        );
         assert_eq!(
             errors(quote!(code = "@wrap\ndef f():\n    pass", tout = f32), item),
             ""

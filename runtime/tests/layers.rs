@@ -345,7 +345,10 @@ fn the_gil_is_taken_in_one_place() {
             others.push(show(module, &modules, &root));
         }
     }
-    assert!(others.is_empty(), "Python::attach outside python::attach: {others:?}");
+    assert!(
+        others.is_empty(),
+        "Python::attach outside python::attach: {others:?}"
+    );
 }
 
 #[test]
