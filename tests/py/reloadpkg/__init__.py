@@ -1,0 +1,9 @@
+"""A #[py_op(package = ...)] body; tests/reload_tests.rs adds `extra.py` under hot reload."""
+
+
+def pkg_body(x):
+    try:
+        from . import extra
+    except ImportError:
+        return x * 0 - 1
+    return x * 0 + extra.VALUE
