@@ -357,29 +357,32 @@ fn a_hung_body_is_interrupted_and_the_op_stays_usable() {
         .build()
         .unwrap();
     let x = scalar(1.0);
-    within(60, "builder and per-call timeouts", move || for (limit, expect_ms) in [(None, 200u64), (Some(50u64), 50), (Some(600), 600)] {
-        let options = match limit {
-            Some(ms) => CallOptions::new().timeout(Duration::from_millis(ms)),
-            None => CallOptions::new(),
-        };
-        let started = Instant::now();
-        let err = op.call_with(&[Arg::from(&x)], &options).unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(err.kind(), ErrorKind::Timeout);
-        assert!(
-            err.to_string()
-                .contains(&format!("time limit of {expect_ms}ms")),
-            "{limit:?}: {err}"
-        );
-        assert!(
-            took >= Duration::from_millis(expect_ms),
-            "{limit:?}: {took:?}"
-        );
-        assert!(
-            took < Duration::from_millis(expect_ms) + Duration::from_secs(3),
-            "{limit:?}: {took:?}"
-        );
-    }
+    let limits = [(None, 200u64), (Some(50u64), 50), (Some(600), 600)];
+    within(60, "builder and per-call timeouts", move || {
+        for (limit, expect_ms) in limits {
+            let options = match limit {
+                Some(ms) => CallOptions::new().timeout(Duration::from_millis(ms)),
+                None => CallOptions::new(),
+            };
+            let started = Instant::now();
+            let err = op.call_with(&[Arg::from(&x)], &options).unwrap_err();
+            let took = started.elapsed();
+            assert_eq!(err.kind(), ErrorKind::Timeout);
+            assert!(
+                err.to_string()
+                    .contains(&format!("time limit of {expect_ms}ms")),
+                "{limit:?}: {err}"
+            );
+            assert!(
+                took >= Duration::from_millis(expect_ms),
+                "{limit:?}: {took:?}"
+            );
+            assert!(
+                took < Duration::from_millis(expect_ms) + Duration::from_secs(3),
+                "{limit:?}: {took:?}"
+            );
+        }
+    });
 }
 
 // --- views that escape ---
