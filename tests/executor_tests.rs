@@ -1,46 +1,13 @@
 //! The executor under load: deadlocks (each turned into a failure by a timeout), re-entrancy,
 //! panics, time limits, escaping views, many threads, leaks and bad input.
 
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use pyop::candle::{DType, Device, Tensor, Var};
 use pyop::{expose, py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, Value};
 
-/// Runs `f` on its own thread; if it has not finished after `secs`, the whole test binary exits
-/// with a failure instead of hanging CI (a deadlocked thread may hold the GIL).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(RecvTimeoutError::Timeout) => {
-            eprintln!("DEADLOCK: {what} did not finish within {secs} s");
-            std::process::exit(101);
-        }
-        Err(RecvTimeoutError::Disconnected) => match handle.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(()) => unreachable!("sent nothing yet returned"),
-        },
-    }
-}
-
-/// Address of a CPU f32 tensor's first element.
-fn data_ptr(t: &Tensor) -> usize {
-    let (s, l) = t.storage_and_layout();
-    match &*s {
-        pyop::candle::Storage::Cpu(pyop::candle::CpuStorage::F32(v)) => {
-            v[l.start_offset()..].as_ptr() as usize
-        }
-        _ => panic!("a CPU f32 tensor"),
-    }
-}
-
-fn scalar(v: f32) -> Tensor {
-    Tensor::new(&[v], &Device::Cpu).unwrap()
-}
+mod common;
+use common::{data_ptr, scalar, within};
 
 // --- no deadlocks ---
 
@@ -576,4 +543,18 @@ fn counters_count_calls_errors_and_time() {
     let s = op.stats();
     assert_eq!((s.calls, s.errors), (10, 2));
     assert!(s.python_time > Duration::ZERO);
+}
+
+#[py_op(code = "import pyop\ndef via_rust(x):\n    return pyop.rust.echo(x)", numpy, tout = f32)]
+fn via_rust(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// A numpy-mode body that passes its input's NumPy view to an exposed Rust function hands Rust
+/// that very input (no copy), and Rust's tensor comes back as the op's output unchanged.
+#[test]
+fn an_exposed_function_gets_the_input_behind_a_view() {
+    expose("echo", |mut args| Ok(args.remove(0))).unwrap();
+    let x = Tensor::arange(0f32, 4., &Device::Cpu).unwrap();
+    let y = via_rust(&x).unwrap();
+    assert_eq!(data_ptr(&y), data_ptr(&x));
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [0., 1., 2., 3.]);
 }

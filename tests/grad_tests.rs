@@ -1,11 +1,10 @@
 //! Registered gradients and any-arity ops in candle's autograd, checked with `pyop::gradcheck`.
 
-use pyop::candle::{DType, Device, Storage, Tensor, Var};
+use pyop::candle::{DType, Tensor, Var};
 use pyop::{gradcheck, py_op, Arg, ErrorKind, GradCheck, GradientCall, OutSpec, PyOp};
 
-fn cpu() -> Device {
-    Device::Cpu
-}
+mod common;
+use common::{cpu, data_ptr};
 
 fn f64s(v: &[f64]) -> Tensor {
     Tensor::new(v, &cpu()).unwrap()
@@ -255,14 +254,6 @@ fn a_numpy_op_without_gradient_fails_in_backward() {
     );
 }
 
-fn storage_ptr(t: &Tensor) -> usize {
-    let (s, _) = t.storage_and_layout();
-    match &*s {
-        Storage::Cpu(pyop::candle::CpuStorage::F64(v)) => v.as_ptr() as usize,
-        _ => panic!("f64 cpu"),
-    }
-}
-
 #[test]
 fn nothing_extra_without_tracked_inputs() {
     #[py_op(code = "def same(x):\n    return x\ndef same_grad(i, o, g):\n    return g[0]", numpy, tout = f64, grad = "same_grad")]
@@ -270,7 +261,7 @@ fn nothing_extra_without_tracked_inputs() {
     let x = f64s(&[1.0, 2.0, 3.0]);
     let y = same(&x).unwrap();
     assert!(!y.track_op(), "no graph node");
-    assert_eq!(storage_ptr(&y), storage_ptr(&x), "no copy");
+    assert_eq!(data_ptr(&y), data_ptr(&x), "no copy");
     let v = Var::from_tensor(&x).unwrap();
     let y = same(&v).unwrap();
     assert!(y.track_op(), "a tracked input gets a node");
@@ -345,4 +336,32 @@ fn gradcheck_catches_a_wrong_gradient() {
         .collect();
     let (analytic, numeric) = (nums[nums.len() - 2], nums[nums.len() - 1]);
     assert!((numeric / analytic - 2.0).abs() < 1e-6, "{text}");
+}
+
+fn mismatched_grad(_: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
+    let a = Tensor::zeros(2, DType::F64, &cpu())?;
+    let b = Tensor::zeros(3, DType::F64, &cpu())?;
+    Ok(vec![Some((a + b)?)])
+}
+
+#[py_op(code = "def q(x):\n    return x", numpy, name = "q", tout = f64, grad = mismatched_grad)]
+fn candle_error_in_backward(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// A candle error on an op's call path (here its Rust gradient) is of kind `Candle` and names
+/// the op.
+#[test]
+fn candle_errors_name_the_op() {
+    let v = Var::new(&[1.0f64, 2.], &cpu()).unwrap();
+    let err = candle_error_in_backward(&v)
+        .unwrap()
+        .backward()
+        .unwrap_err();
+    let err = pyop::Error::from(err);
+    assert_eq!(err.kind(), ErrorKind::Candle, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("op `candle_error_in_backward`: "),
+        "{text}"
+    );
+    assert!(text.contains("shape mismatch"), "{text}");
 }

@@ -1,11 +1,10 @@
 //! Numpy mode: declarations of every kind, zero-copy inputs, the output rule table, errors.
 
-use pyop::candle::{DType, Device, Storage, Tensor};
+use pyop::candle::{DType, Device, Tensor};
 use pyop::{py_op, Arg, ErrorKind, OutSpec, PyOp};
 
-fn cpu() -> Device {
-    Device::Cpu
-}
+mod common;
+use common::{cpu, data_ptr};
 
 /// Every dtype NumPy and candle share, by NumPy name.
 const NUMPY_DTYPES: [(&str, DType); 8] = [
@@ -18,20 +17,6 @@ const NUMPY_DTYPES: [(&str, DType); 8] = [
     ("float32", DType::F32),
     ("float64", DType::F64),
 ];
-
-/// Address of a CPU tensor's first element.
-fn data_ptr(t: &Tensor) -> usize {
-    let (s, l) = t.storage_and_layout();
-    let Storage::Cpu(c) = &*s else { panic!("cpu") };
-    let size = t.dtype().size_in_bytes();
-    let base = match c {
-        pyop::candle::CpuStorage::F32(v) => v.as_ptr() as usize,
-        pyop::candle::CpuStorage::F64(v) => v.as_ptr() as usize,
-        pyop::candle::CpuStorage::I64(v) => v.as_ptr() as usize,
-        _ => panic!("dtype"),
-    };
-    base + l.start_offset() * size
-}
 
 // --- the five declaration forms ---
 

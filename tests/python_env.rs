@@ -21,6 +21,9 @@ fn mean(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def twice(x):\n    return x * 2", tout = f32)]
 fn twice(x: &Tensor) -> pyop::Result<Tensor>;
 
+#[py_op(code = "import sys\ndef to_stderr(x, i):\n    print('python', i, file=sys.stderr, end='')\n    print(' line', file=sys.stderr)\n    return x", tout = f32)]
+fn to_stderr(x: &Tensor, i: i64) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def to_numpy(x):\n    return x.numpy()", tout = f32)]
 fn to_numpy(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -178,6 +181,15 @@ fn child(scenario: &str) {
             assert_eq!(err.kind(), ErrorKind::Validation);
             assert!(err.to_string().contains(problem.as_str()), "{err}");
         }
+        "stderr_order" => {
+            // Python's stderr is line-buffered like Rust's: with stderr a pipe, each line lands
+            // where it was written (the parent checks the order).
+            for i in 0..3 {
+                eprintln!("rust {i}");
+                to_stderr(&x, i).unwrap();
+            }
+            eprintln!("rust end");
+        }
         other => panic!("unknown scenario {other}"),
     }
     println!("ok {scenario}");
@@ -303,6 +315,7 @@ fn main() {
             vec![("PYOP_PYTHON_ENV", old_venv), ("PYTHONPATH", fake)],
         ),
     ];
+    scenarios.push(("stderr_order", outside.clone(), vec![("VIRTUAL_ENV", venv)]));
     match &other_lib_dir {
         Some(dir) => scenarios.push((
             "other_libpython",
@@ -317,6 +330,25 @@ fn main() {
     let (mut passed, mut failed) = (0, 0);
     for (name, cwd, env) in &scenarios {
         match run(name, cwd, env) {
+            Ok(stderr) if *name == "stderr_order" => {
+                let lines: Vec<&str> = stderr.lines().collect();
+                let want = [
+                    "rust 0",
+                    "python 0 line",
+                    "rust 1",
+                    "python 1 line",
+                    "rust 2",
+                    "python 2 line",
+                    "rust end",
+                ];
+                if lines == want {
+                    println!("test {name} ... ok");
+                    passed += 1;
+                } else {
+                    println!("test {name} ... FAILED: stderr out of order\n{stderr}");
+                    failed += 1;
+                }
+            }
             Ok(stderr) => {
                 // A set-up problem is printed once at start-up, never silently ignored.
                 let printed = stderr.lines().filter(|l| l.starts_with("pyop: ")).count();

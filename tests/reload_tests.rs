@@ -7,17 +7,12 @@ use std::time::{Duration, Instant};
 use pyop::candle::{DType, Device, Tensor};
 use pyop::{Arg, OutSpec, PyOp};
 
+mod common;
+
 fn hot() {
     // The same switch as PYOP_HOT_RELOAD=1, without changing the environment of a process whose
     // other threads may be reading it.
     pyop::set_hot_reload(true);
-}
-
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pyop-reload-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn call(op: &PyOp) -> Vec<f64> {
@@ -42,7 +37,8 @@ fn pyop_check_interval() -> Duration {
 #[test]
 fn an_edited_file_is_reloaded() {
     hot();
-    let dir = temp("file");
+    let tmp = common::TempDir::new("reload-file");
+    let dir = tmp.path();
     let path = dir.join("body.py");
     std::fs::write(&path, "def body(x):\n    return x + 1\n").unwrap();
     let op = PyOp::builder("body")
@@ -100,13 +96,13 @@ fn an_edited_file_is_reloaded() {
         None,
         "the restored file is good again"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn an_edited_package_is_reloaded() {
     hot();
-    let dir = temp("pkg");
+    let tmp = common::TempDir::new("reload-pkg");
+    let dir = tmp.path();
     let pkg = dir.join("hotlib");
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::write(
@@ -125,7 +121,6 @@ fn an_edited_package_is_reloaded() {
     assert_eq!(call(&op), [2., 4.]);
     edit(&pkg.join("helpers.py"), "k = 3\n");
     assert_eq!(call(&op), [3., 6.], "a sibling module's edit shows up");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // --- `#[py_op]` ops under PYOP_HOT_RELOAD, in a child process (the variable is read once) ---

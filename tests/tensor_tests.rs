@@ -457,3 +457,71 @@ fn gradcheck_in_f32_names_the_step_its_dtype_allows() {
         "{err}"
     );
 }
+
+// --- promises of tensor mode, checked by address and by graph ---
+
+mod common;
+use common::data_ptr;
+
+#[py_op(code = "def same(x):\n    return x", tout = f32)]
+fn same(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def same_g(x):\n    return x\ndef same_g_grad(inputs, outputs, grads):\n    return grads[0]", name = "same_g", tout = f32, grad = "same_g_grad")]
+fn same_with_grad(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// The body gets the very candle tensors: one returned unchanged is the input (same storage,
+/// same offset), also a narrowed view of a `Var` (tracked views are not copied in tensor mode),
+/// and its gradient flows. With a declared gradient and no tracked input there is no node and
+/// no copy: the output is the input tensor itself.
+#[test]
+fn tensor_mode_shares_storage_with_candle() {
+    let x = Tensor::arange(0f32, 6., &Device::Cpu).unwrap();
+    assert_eq!(data_ptr(&same(&x).unwrap()), data_ptr(&x));
+    let v = Var::new(&[1f32, 2., 3., 4.], &Device::Cpu).unwrap();
+    let view = v.as_tensor().narrow(0, 1, 2).unwrap();
+    let y = same(&view).unwrap();
+    assert_eq!(data_ptr(&y), data_ptr(&view), "a tracked view, not copied");
+    let g = y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(
+        g.get(&v).unwrap().to_vec1::<f32>().unwrap(),
+        [0., 1., 1., 0.]
+    );
+    let y = same_with_grad(&x).unwrap();
+    assert_eq!(y.id(), x.id(), "no node without a tracked input");
+    let tracked = same_with_grad(v.as_tensor()).unwrap();
+    assert_ne!(tracked.id(), v.as_tensor().id(), "a node with one");
+}
+
+/// `contiguous`, `x[i, a:b]`, and no gradient through `round` and `sign`.
+#[test]
+fn contiguous_indexing_and_constant_ops() {
+    let m = Tensor::arange(0f32, 12., &Device::Cpu)
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap();
+    let t = body("ct", "x", "    return x.t().contiguous()", &[DType::F32]);
+    let y = t.call(&[Arg::from(&m)]).unwrap().remove(0);
+    assert!(y.is_contiguous());
+    assert_eq!(
+        y.to_vec2::<f32>().unwrap(),
+        m.t().unwrap().to_vec2::<f32>().unwrap()
+    );
+    let ix = body("ix", "x", "    return x[1, 1:3]", &[DType::F32]);
+    let y = ix.call(&[Arg::from(&m)]).unwrap().remove(0);
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [5., 6.]);
+    let rs = body(
+        "rs",
+        "x",
+        "    return x.round() + x.sign() + x * 2",
+        &[DType::F32],
+    );
+    let v = Var::new(&[0.4f32, -1.6], &Device::Cpu).unwrap();
+    let y = rs.call(&[Arg::from(v.as_tensor())]).unwrap().remove(0);
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [1.8, -6.2]);
+    let g = y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(
+        g.get(&v).unwrap().to_vec1::<f32>().unwrap(),
+        [2., 2.],
+        "round and sign pass none"
+    );
+}

@@ -1,18 +1,17 @@
 //! The `pyop.call` tracing span. Alone in its test binary: tracing caches whether a call site
 //! is wanted, so another test calling ops on another thread at the same moment could race it.
 
-use pyop::candle::{Device, Tensor};
+use pyop::candle::Tensor;
 use pyop::py_op;
+
+mod common;
+use common::scalar;
 
 #[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]
 fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
 
 #[py_op(code = "def add_one(x):\n    return x + 1", numpy, tout = f32)]
 fn add_one(x: &Tensor) -> pyop::Result<Tensor>;
-
-fn scalar(v: f32) -> Tensor {
-    Tensor::new(&[v], &Device::Cpu).unwrap()
-}
 
 /// Records the spans opened on this thread: name and fields.
 struct SpanRecorder(std::sync::Mutex<Vec<String>>);

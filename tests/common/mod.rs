@@ -1,0 +1,86 @@
+//! Helpers shared by the test files (`mod common;` in each). Not every file uses every helper.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+use pyop::candle::{CpuStorage, Device, Storage, Tensor};
+
+pub fn cpu() -> Device {
+    Device::Cpu
+}
+
+/// A one-element f32 tensor.
+pub fn scalar(v: f32) -> Tensor {
+    Tensor::new(&[v], &Device::Cpu).unwrap()
+}
+
+/// Address of a CPU tensor's first element, for any dtype, honouring its offset in the storage
+/// (a view's address is where the view starts).
+pub fn data_ptr(t: &Tensor) -> usize {
+    let (s, l) = t.storage_and_layout();
+    let Storage::Cpu(c) = &*s else {
+        panic!("a CPU tensor")
+    };
+    let base = match c {
+        CpuStorage::U8(v) => v.as_ptr() as usize,
+        CpuStorage::U32(v) => v.as_ptr() as usize,
+        CpuStorage::I16(v) => v.as_ptr() as usize,
+        CpuStorage::I32(v) => v.as_ptr() as usize,
+        CpuStorage::I64(v) => v.as_ptr() as usize,
+        CpuStorage::BF16(v) => v.as_ptr() as usize,
+        CpuStorage::F16(v) => v.as_ptr() as usize,
+        CpuStorage::F32(v) => v.as_ptr() as usize,
+        CpuStorage::F64(v) => v.as_ptr() as usize,
+        _ => panic!("a dtype with a Vec storage"),
+    };
+    base + l.start_offset() * t.dtype().size_in_bytes()
+}
+
+/// Runs `f` on its own thread; if it has not finished after `secs`, the whole test binary exits
+/// with a failure instead of hanging CI (a deadlocked thread may hold the GIL).
+pub fn within<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => {
+            eprintln!("DEADLOCK: {what} did not finish within {secs} s");
+            std::process::exit(101);
+        }
+        Err(RecvTimeoutError::Disconnected) => match handle.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => unreachable!("sent nothing yet returned"),
+        },
+    }
+}
+
+/// A fresh, empty folder for this process and `name`, removed when the guard drops (also when
+/// the test fails).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("pyop-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
