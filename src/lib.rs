@@ -100,3 +100,9 @@ pub mod interop {
 
 #[doc(hidden)]
 pub use pyop_runtime::__private;
+
+/// The README's Rust code blocks, compiled and run as doctests (`cargo test --doc`), so that what
+/// it shows builds and does what it says.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! ```no_run
-//! // build.rs
+//! // build.rs (a build script: compiled here, run by cargo when it builds your crate)
 //! fn main() {
 //!     pyop_build::link_libpython();
 //! }
@@ -41,7 +41,7 @@ pub const PYTHON_STUB: &str = include_str!("../pyop.pyi");
 /// folder to `mypy_path`.
 ///
 /// ```no_run
-/// // build.rs
+/// // build.rs (compiled here; run by cargo, since it writes into your crate's folder)
 /// fn main() {
 ///     pyop_build::link_libpython();
 ///     pyop_build::write_python_stub("typings").expect("typings/pyop.pyi");
