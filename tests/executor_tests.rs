@@ -461,21 +461,8 @@ enum Expect {
 #[test]
 fn bad_input_table() {
     let f32_ = || vec![OutSpec::new(DType::F32)];
-    let numpy = |code: &str, tout: Vec<OutSpec>| {
-        PyOp::builder("t")
-            .code(format!("import numpy as np\n{code}"))
-            .function("f")
-            .numpy()
-            .tout(tout)
-            .build()
-    };
-    let tensor = |code: &str, tout: Vec<OutSpec>| {
-        PyOp::builder("t")
-            .code(format!("import pyop\n{code}"))
-            .function("f")
-            .tout(tout)
-            .build()
-    };
+    let numpy = |code: &str, tout: Vec<OutSpec>| common::numpy_op("t", code, &tout);
+    let tensor = |code: &str, tout: Vec<OutSpec>| common::tensor_op("t", code, &tout);
     let specials = Tensor::new(
         &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0],
         &Device::Cpu,

@@ -271,13 +271,7 @@ fn every_parameter_kind() {
 
 /// A run-time numpy op whose body is `code` (defining `f`) and whose outputs are `tout`.
 fn op(code: &str, tout: &[OutSpec]) -> PyOp {
-    PyOp::builder("rule")
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout(tout.iter().cloned())
-        .build()
-        .unwrap()
+    common::numpy_op("rule", code, tout).unwrap()
 }
 
 fn f32s() -> Vec<OutSpec> {

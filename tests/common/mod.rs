@@ -84,3 +84,23 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A run-time op `name` whose body is `code`, defining `f`, with outputs `tout`: numpy mode
+/// with NumPy imported as `np`.
+pub fn numpy_op(name: &str, code: &str, tout: &[pyop::OutSpec]) -> pyop::Result<pyop::PyOp> {
+    pyop::PyOp::builder(name)
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.iter().cloned())
+        .build()
+}
+
+/// As [`numpy_op`], in tensor mode with `pyop` imported.
+pub fn tensor_op(name: &str, code: &str, tout: &[pyop::OutSpec]) -> pyop::Result<pyop::PyOp> {
+    pyop::PyOp::builder(name)
+        .code(format!("import pyop\n{code}"))
+        .function("f")
+        .tout(tout.iter().cloned())
+        .build()
+}
