@@ -564,3 +564,33 @@ fn an_exposed_function_gets_the_input_behind_a_view() {
     assert_eq!(data_ptr(&y), data_ptr(&x));
     assert_eq!(y.to_vec1::<f32>().unwrap(), [0., 1., 2., 3.]);
 }
+
+#[py_op(code = "import pyop, numpy as np\ndef sees_snapshot(x):\n    before = float(np.sum(x))\n    pyop.rust.set_watched()\n    after = float(np.sum(x))\n    return np.array([before, after], np.float32)", numpy, tout = f32)]
+fn sees_snapshot(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// The deterministic half of "all or nothing": a `Var::set` that completes while a body runs
+/// (here made by the body itself, through Rust) is not seen by that body, which reads the same
+/// values before and after it, also through a view of the `Var`; the next call sees the new ones.
+#[test]
+fn a_var_set_during_a_body_is_not_seen_by_it() {
+    let v = Var::new(&[1f32, 2., 3., 4.], &Device::Cpu).unwrap();
+    let target = v.clone();
+    expose("set_watched", move |_| {
+        target.set(&Tensor::new(&[10f32, 20., 30., 40.], &Device::Cpu)?)?;
+        Ok(Value::None)
+    })
+    .unwrap();
+    let y = sees_snapshot(v.as_tensor()).unwrap();
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [10., 10.]);
+    assert_eq!(
+        v.as_tensor().to_vec1::<f32>().unwrap(),
+        [10., 20., 30., 40.]
+    );
+    let view = v.as_tensor().narrow(0, 1, 2).unwrap();
+    let y = sees_snapshot(&view).unwrap();
+    assert_eq!(
+        y.to_vec1::<f32>().unwrap(),
+        [50., 50.],
+        "a view of the Var, snapshotted too"
+    );
+}
