@@ -223,6 +223,13 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     );
     if tag == "default" {
         body_checked_at_build_time(&app, &blocks["src/main.rs"], &cargo_cmd);
+        pinned_environment(
+            &app,
+            &blocks[".cargo/config.toml"],
+            &cargo_cmd,
+            &target,
+            work,
+        );
     }
     println!("test user_crate_{tag} (Python {version}) ... ok");
 }
@@ -261,6 +268,48 @@ fn body_checked_at_build_time(app: &Path, main_rs: &str, cargo: &dyn Fn(&[&str])
         cargo(&["build", "--quiet"]),
     );
     std::fs::write(app.join("src/main.rs"), main_rs).unwrap();
+}
+
+/// The README's `.cargo/config.toml` pins the crate's venv: the binary uses it even when started
+/// in a folder that has a `.venv` of its own, and with another venv activated.
+fn pinned_environment(
+    app: &Path,
+    config: &str,
+    cargo: &dyn Fn(&[&str]) -> Command,
+    target: &Path,
+    work: &Path,
+) {
+    // The README's block without its example interpreter: the default one built this crate.
+    let config: String = config
+        .lines()
+        .filter(|l| !l.starts_with("PYO3_PYTHON"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(config.contains("PYOP_PYTHON_ENV"), "{config}");
+    std::fs::create_dir_all(app.join(".cargo")).unwrap();
+    std::fs::write(app.join(".cargo/config.toml"), config).unwrap();
+    run(
+        "[default] cargo build with the pin",
+        cargo(&["build", "--quiet"]),
+    );
+    let other = work.join("another-project");
+    std::fs::create_dir_all(other.join(".venv")).unwrap();
+    std::fs::copy(app.join(".venv/pyvenv.cfg"), other.join(".venv/pyvenv.cfg")).unwrap();
+    let mut cmd = clean(Command::new(target.join("debug").join("my-app")));
+    cmd.current_dir(&other)
+        .env("VIRTUAL_ENV", other.join(".venv"));
+    let out = run("[default] the pinned binary elsewhere", cmd);
+    let first = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    let venv = app.join(".venv").canonicalize().unwrap();
+    assert!(
+        first.ends_with(&format!("environment {}", venv.display())),
+        "the pinned venv, not the folder's or the activated one: {first}"
+    );
+    std::fs::remove_dir_all(app.join(".cargo")).unwrap();
 }
 
 fn main() {

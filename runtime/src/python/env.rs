@@ -28,8 +28,10 @@ pub enum EnvSource {
     VirtualEnv,
     /// The nearest `.venv` (with a `pyvenv.cfg`) in the current directory or one of its parents.
     DotVenv,
-    /// Recorded when the program was built: `PYOP_PYTHON_ENV` or `VIRTUAL_ENV` at build time, or
-    /// the `.venv` of the crate that declares the ops (or of one of its parent folders).
+    /// Recorded when the program was built: `PYOP_PYTHON_ENV` at build time (a pin, which ranks
+    /// above `VIRTUAL_ENV` and the nearest `.venv` at run time), or else `VIRTUAL_ENV` at build
+    /// time or the `.venv` of the crate that declares the ops (or of one of its parent folders),
+    /// which rank below them.
     Build,
     /// No environment: only the interpreter's own `site-packages` (also `PYOP_PYTHON_ENV=none`).
     None,
@@ -299,8 +301,9 @@ fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
     })
 }
 
-/// `PYOP_PYTHON_ENV`, else `VIRTUAL_ENV`, else the nearest `.venv` of the current directory, else
-/// the environment recorded at build time.
+/// `PYOP_PYTHON_ENV`, else a `PYOP_PYTHON_ENV` pinned at build time (`[env]` in
+/// `.cargo/config.toml`: the venv wherever the binary runs from), else `VIRTUAL_ENV`, else the
+/// nearest `.venv` of the current directory, else the rest of what was recorded at build time.
 fn find_environment() -> (Option<PathBuf>, EnvSource) {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(v) = var("PYOP_PYTHON_ENV") {
@@ -308,6 +311,9 @@ fn find_environment() -> (Option<PathBuf>, EnvSource) {
             return (None, EnvSource::None);
         }
         return (Some(PathBuf::from(v)), EnvSource::PyopPythonEnv);
+    }
+    if let Some(d) = pinned_environment() {
+        return (Some(d), EnvSource::Build);
     }
     if let Some(v) = var("VIRTUAL_ENV") {
         return (Some(PathBuf::from(v)), EnvSource::VirtualEnv);
@@ -319,6 +325,19 @@ fn find_environment() -> (Option<PathBuf>, EnvSource) {
         Some(d) => (Some(d), EnvSource::Build),
         None => (None, EnvSource::None),
     }
+}
+
+/// The first existing folder a declaration recorded from `PYOP_PYTHON_ENV` at build time: a pin,
+/// which ranks above an activated venv and the current directory's `.venv` at run time.
+fn pinned_environment() -> Option<PathBuf> {
+    let mut recorded: Vec<&BuildEnv> = inventory::iter::<BuildEnv>.into_iter().collect();
+    recorded.sort_by_key(|b| b.manifest_dir);
+    recorded
+        .iter()
+        .filter_map(|b| b.pyop_python_env)
+        .filter(|p| !p.is_empty() && *p != "none")
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
 }
 
 /// The first existing environment the declarations recorded: an explicit `PYOP_PYTHON_ENV`,
