@@ -950,7 +950,7 @@ fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_the
 /// `usize`, `u32`, `i32`, `f32` and `&[usize]` reach Python as `int`/`float`/list of `int`
 /// without loss (usize::MAX is beyond i64; f32 widens exactly), optional ones as `None`.
 #[py_op(
-    code = "import numpy as np\ndef rust_numbers(x, a, b, c, d, dims, e):\n    return np.array([a == 2**64 - 1, type(a) is int, b == 2**32 - 1, c == -2**31, d == float(np.float32(0.1)), type(d) is float, dims == [2, 3], e is None], np.uint8)",
+    code = "import numpy as np\ndef rust_numbers(x, a, b, c, d, dims, e, fs):\n    return np.array([a == 2**64 - 1, type(a) is int, b == 2**32 - 1, c == -2**31, d == float(np.float32(0.1)), type(d) is float, dims == [2, 3], e is None, fs == [float(np.float32(0.1)), 2.5]], np.uint8)",
     numpy,
     tout = u8
 )]
@@ -962,13 +962,24 @@ fn rust_numbers(
     d: f32,
     dims: &[usize],
     e: Option<u32>,
+    fs: &[f32],
 ) -> pyop::Result<Tensor>;
 
 #[test]
 fn candle_number_types_pass_to_python_without_loss() {
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
-    let flags = rust_numbers(&x, usize::MAX, u32::MAX, i32::MIN, 0.1f32, &[2, 3], None).unwrap();
-    assert_eq!(flags.to_vec1::<u8>().unwrap(), [1; 8]);
+    let flags = rust_numbers(
+        &x,
+        usize::MAX,
+        u32::MAX,
+        i32::MIN,
+        0.1f32,
+        &[2, 3],
+        None,
+        &[0.1, 2.5],
+    )
+    .unwrap();
+    assert_eq!(flags.to_vec1::<u8>().unwrap(), [1; 9]);
 }
 
 // --- the `out` protocol, in every form ---

@@ -51,8 +51,8 @@ pub enum ParamKind {
     I64s,
     /// `usize`, `u32`, `i32`, `f32`: passed to Python as `int`/`float` without loss.
     Number,
-    /// `&[usize]`: dims or sizes, a list of `int`.
-    Usizes,
+    /// `&[usize]`: dims or sizes, a list of `int`; `&[f32]`: a list of `float`.
+    NumberList,
     /// `&Device`: not passed to Python; names the outputs' device.
     Device,
 }
@@ -80,7 +80,7 @@ pub struct Function<'a> {
 }
 
 const PARAM_TYPES: &str = "&Tensor, &[Tensor], f64, f32, i64, i32, u32, usize, bool, &str, \
-     &[f64], &[i64], &[usize], Option<...> of these, or &Device";
+     &[f64], &[f32], &[i64], &[usize], Option<...> of these, or &Device";
 const RETURN_TYPES: &str = "`Result<Tensor>`, `Result<(Tensor, ...)>` or `Result<()>` \
      (`pyop::Result`, `candle_core::Result`, `anyhow::Result`, or any `Result<_, E>` where \
      `E: From<pyop::Error>`)";
@@ -240,7 +240,9 @@ fn classify(ty: &Type) -> Option<(ParamKind, bool)> {
             Type::Slice(s) if is_named(&s.elem, "Tensor") => ParamKind::Tensors,
             Type::Slice(s) if is_named(&s.elem, "f64") => ParamKind::F64s,
             Type::Slice(s) if is_named(&s.elem, "i64") => ParamKind::I64s,
-            Type::Slice(s) if is_named(&s.elem, "usize") => ParamKind::Usizes,
+            Type::Slice(s) if is_named(&s.elem, "usize") || is_named(&s.elem, "f32") => {
+                ParamKind::NumberList
+            }
             _ => return None,
         },
         _ => return None,
@@ -252,7 +254,8 @@ fn classify(ty: &Type) -> Option<(ParamKind, bool)> {
 fn slice_for(elem: &str) -> Option<&'static str> {
     Some(match elem {
         "Tensor" => "&[Tensor]",
-        "f64" | "f32" => "&[f64]",
+        "f64" => "&[f64]",
+        "f32" => "&[f32]",
         "i64" | "i32" | "u32" | "i16" | "u16" | "i8" | "u8" => "&[i64]",
         "usize" | "u64" => "&[usize]",
         _ => return None,

@@ -409,7 +409,21 @@ fn parse_tout(cx: &Ctxt, value: TokenStream) -> Option<Tout> {
 }
 
 fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
-    // `like(x)`: the dtype and shape of parameter `x`.
+    // `like(x)`: the dtype and shape of parameter `x`; it takes no shape of its own.
+    if let [TokenTree::Ident(l), TokenTree::Group(g), extra, ..] = spec.as_slice() {
+        if l == "like" && g.delimiter() == Delimiter::Parenthesis {
+            cx.error_spanned_by(
+                extra,
+                format!(
+                    "`like{g}` already takes {}'s shape; for its dtype with another shape write \
+                     `{}.dtype[_, 3]`",
+                    g.stream(),
+                    g.stream()
+                ),
+            );
+            return None;
+        }
+    }
     if let [TokenTree::Ident(l), TokenTree::Group(g)] = spec.as_slice() {
         if l == "like" && g.delimiter() == Delimiter::Parenthesis {
             let inner: Vec<TokenTree> = g.stream().into_iter().collect();

@@ -66,7 +66,7 @@ use proc_macro::TokenStream;
 ///
 /// Parameters are passed to Python positionally in declaration order: `&Tensor`; `f64`, `f32`,
 /// `i64`, `i32`, `u32`, `usize`, `bool`, `&str` (Python `float`, `int`, `bool`, `str`, without
-/// loss); `&[Tensor]` (a list); `&[f64]`, `&[i64]`, `&[usize]` (lists); `Option<…>` of any of
+/// loss); `&[Tensor]` (a list); `&[f64]`, `&[f32]`, `&[i64]`, `&[usize]` (lists); `Option<…>` of any of
 /// these (`None`); and one optional `&Device`, not passed to Python, naming the outputs' device
 /// (default: the inputs' device).
 ///

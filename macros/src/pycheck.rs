@@ -160,7 +160,14 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
                         ),
                         _ => msg,
                     };
-                    cx.syn_error(syn::Error::new(t.span, msg));
+                    // A missing function is the `name` (or `grad`) key's mistake as much as the
+                    // source's: point at it when it was written.
+                    let span = match (role, msg.contains(" defines no ")) {
+                        ("body", true) => opts.name.as_ref().map(|n| n.value.span()),
+                        ("gradient", true) => opts.grad.as_ref().map(|g| g.key.ident.span()),
+                        _ => None,
+                    };
+                    cx.syn_error(syn::Error::new(span.unwrap_or(t.span), msg));
                     return; // one error per body: the first one found
                 }
             }

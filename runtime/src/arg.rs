@@ -20,6 +20,8 @@ pub enum Arg<'a> {
     U64(u64),
     /// Sizes or dims (`&[usize]`), as a list of `int`.
     Usizes(&'a [usize]),
+    /// `&[f32]`, as a list of `float` (widened exactly).
+    F32s(&'a [f32]),
     /// An absent `Option<…>`.
     None,
 }
@@ -76,6 +78,12 @@ impl From<usize> for Arg<'_> {
 impl From<f32> for Arg<'_> {
     fn from(v: f32) -> Self {
         Arg::F64(v.into())
+    }
+}
+
+impl<'a> From<&'a [f32]> for Arg<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        Arg::F32s(v)
     }
 }
 

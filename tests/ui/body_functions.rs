@@ -18,6 +18,10 @@ fn sq(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def cube(x):\n    return x\n", tout = f32, grad = "cube_grad")]
 fn cube(x: &Tensor) -> pyop::Result<Tensor>;
 
+// With `name`, the error points at it.
+#[py_op(code = "def other(x):\n    return x", name = "othr", tout = f32)]
+fn named(x: &Tensor) -> pyop::Result<Tensor>;
+
 // A name bound some other way (an import, a decorator) is left to `pyop::validate()`.
 #[py_op(code = "from math import sqrt as root\n", tout = f64)]
 fn root(x: f64) -> pyop::Result<Tensor>;

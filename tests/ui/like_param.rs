@@ -20,4 +20,7 @@ fn j(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def k(x): return x", tout = like(x))]
 fn k(x: Option<&Tensor>) -> pyop::Result<Tensor>;
 
+#[py_op(code = "def l(x): return x", tout = like(x)[_, 3])]
+fn l(x: &Tensor) -> pyop::Result<Tensor>;
+
 fn main() {}

@@ -55,6 +55,7 @@ pub(crate) fn python_args<'py>(
             Arg::I64s(v) => PyList::new(py, v.iter())?.into_any(),
             Arg::U64(v) => v.into_pyobject(py)?.into_any(),
             Arg::Usizes(v) => PyList::new(py, v.iter())?.into_any(),
+            Arg::F32s(v) => PyList::new(py, v.iter().map(|&f| f64::from(f)))?.into_any(),
             Arg::None => py.None().into_bound(py),
         });
     }

@@ -166,6 +166,7 @@ pub(super) enum SavedArg {
     I64s(Vec<i64>),
     U64(u64),
     Usizes(Vec<usize>),
+    F32s(Vec<f32>),
     None,
 }
 
@@ -182,6 +183,7 @@ impl SavedArg {
             Arg::I64s(v) => SavedArg::I64s(v.to_vec()),
             Arg::U64(x) => SavedArg::U64(*x),
             Arg::Usizes(v) => SavedArg::Usizes(v.to_vec()),
+            Arg::F32s(v) => SavedArg::F32s(v.to_vec()),
             Arg::None => SavedArg::None,
         }
     }
@@ -196,6 +198,7 @@ impl SavedArg {
             SavedArg::I64s(v) => Arg::I64s(v),
             SavedArg::U64(x) => Arg::U64(*x),
             SavedArg::Usizes(v) => Arg::Usizes(v),
+            SavedArg::F32s(v) => Arg::F32s(v),
             SavedArg::None => Arg::None,
             SavedArg::Tensor | SavedArg::Tensors(_) => {
                 unreachable!("tensors are handled by the caller")
