@@ -949,6 +949,7 @@ fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_the
 
 /// `usize`, `u32`, `i32`, `f32` and `&[usize]` reach Python as `int`/`float`/list of `int`
 /// without loss (usize::MAX is beyond i64; f32 widens exactly), optional ones as `None`.
+#[allow(clippy::too_many_arguments)] // one of each kind
 #[py_op(
     code = "import numpy as np\ndef rust_numbers(x, a, b, c, d, dims, e, fs):\n    return np.array([a == 2**64 - 1, type(a) is int, b == 2**32 - 1, c == -2**31, d == float(np.float32(0.1)), type(d) is float, dims == [2, 3], e is None, fs == [float(np.float32(0.1)), 2.5]], np.uint8)",
     numpy,
