@@ -2,8 +2,8 @@
 //! found the way pyo3-build-config's `find_interpreter` finds it (`PYO3_PYTHON`, the active venv
 //! or conda environment, `python`/`python3` on `PATH`) — and whether this rustc lets a macro read
 //! span locations (Rust 1.88), which map Python line numbers to `.rs` lines and resolve
-//! `include_str!` paths. With a `PYO3_CONFIG_FILE` (cross-compiling) and no `PYO3_PYTHON`, there
-//! is no interpreter to ask and bodies are checked by `validate()` only.
+//! `include_str!` paths. With a `PYO3_CONFIG_FILE` or `PYO3_CROSS*` (cross-compiling) there is no
+//! interpreter to ask and bodies are checked by `validate()` only.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,11 +14,17 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn interpreter() -> Option<PathBuf> {
+    // A config file or a cross build: pyo3 does not run this machine's Python, so neither does
+    // the check (a host Python of another version could reject the target's syntax).
+    let cross = std::env::vars().any(|(k, _)| k.starts_with("PYO3_CROSS"));
+    println!("cargo:rerun-if-env-changed=PYO3_CROSS");
+    println!("cargo:rerun-if-env-changed=PYO3_CROSS_LIB_DIR");
+    println!("cargo:rerun-if-env-changed=PYO3_CROSS_PYTHON_VERSION");
+    if env("PYO3_CONFIG_FILE").is_some() || cross {
+        return None;
+    }
     if let Some(exe) = env("PYO3_PYTHON") {
         return Some(exe.into());
-    }
-    if env("PYO3_CONFIG_FILE").is_some() {
-        return None;
     }
     let bin = |dir: &str, unix: &str, windows: &str| {
         PathBuf::from(dir).join(if cfg!(windows) { windows } else { unix })

@@ -9,39 +9,39 @@
 #   error <TAB> python line (0: none) <TAB> message
 #   defer <TAB> reason   (what only running the source can tell; validate() checks it)
 import ast
+import io
+import re
 import sys
 import warnings
 
 warnings.simplefilter("ignore")  # SyntaxWarnings are Python's to print at run time
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
 def unescape(s):
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(s[i + 1], s[i + 1]))
-            i += 2
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s, flags=re.S)
 
 
 def escape(s):
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
 def syntax_error(e, filename):
-    line = e.lineno or 0
-    msg = f"Python syntax error in {filename}, line {line}: {e.msg}"
+    # An error inside an f-string on Python < 3.9 is numbered within the f-string: no line then.
+    line = 0 if e.filename == "<fstring>" else (e.lineno or 0)
+    where = f", line {line}" if line else ""
+    msg = f"Python syntax error in {filename}{where}: {e.msg}"
     text = (e.text or "").rstrip("\n")
-    if text:
+    if text and line:
         stripped = text.lstrip()
         indent = len(text) - len(stripped)
-        msg += "\n    " + stripped
-        if e.offset and e.offset - indent > 0:
-            msg += "\n    " + " " * (e.offset - 1 - indent) + "^"
+        shown = stripped[:200].expandtabs()
+        msg += "\n    " + shown + ("…" if len(stripped) > 200 else "")
+        at = (e.offset or 0) - 1 - indent
+        if 0 <= at < 200:
+            msg += "\n    " + " " * len(stripped[:at].expandtabs()) + "^"
     return line, msg
 
 
@@ -101,6 +101,25 @@ def module_names(tree):
                 visit(case.body, False)
 
     visit(tree.body, True)
+    # Anywhere in the module (function and class bodies, decorators, defaults): a `global` that
+    # can rebind a name, a name bound by a `match` pattern, and what rebinds names dynamically.
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Global):
+            other.update(n.names)
+        elif isinstance(n, ast.Name) and n.id in DYNAMIC:
+            dynamic = True
+        elif isinstance(n, ast.Attribute) and (
+            n.attr == "__dict__" or (n.attr == "modules" and isinstance(n.value, ast.Name) and n.value.id == "sys")
+        ):
+            dynamic = True
+        else:
+            for field in ("name", "rest"):  # MatchAs, MatchStar, MatchMapping (3.10+)
+                if type(n).__name__ in ("MatchAs", "MatchStar", "MatchMapping"):
+                    v = getattr(n, field, None)
+                    if isinstance(v, str):
+                        other.add(v)
+    if "__getattr__" in defs or "__getattr__" in other:
+        dynamic = True  # PEP 562: the module answers for names it does not bind
     return defs, other, dynamic
 
 
@@ -133,6 +152,11 @@ def check_call(fn, names, role):
     missing_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None and k.arg != "out"]
     if required <= n and (a.vararg or n <= len(pos)) and not missing_kw:
         return None
+    # A required positional `out` after the op's arguments: pyop passes it by keyword when it
+    # knows every output's shape (numpy mode), which only the call can tell.
+    posonly = len(getattr(a, "posonlyargs", []))
+    if [p.arg for p in pos[n:required]] == ["out"] and n >= posonly and not missing_kw:
+        return "defer"
     if role == "gradient":
         call = f"{fn.name}(inputs, outputs, grads)"
     else:
@@ -172,13 +196,20 @@ def handle(filename, source, function, names, role):
             f"{filename} defines no {what} `{function}`; it defines {listing}"))
     fns = defs[function]
     fn = fns[-1]
-    if len(fns) > 1 or function in other or fn.decorator_list:
-        return "defer\t" + escape(f"`{function}` is redefined or decorated")
+    if len(fns) > 1 or function in other or fn.decorator_list or dynamic:
+        return "defer\t" + escape(f"`{function}` is redefined, decorated, or may be rebound")
     why = check_call(fn, names, role)
+    if why == "defer":
+        return "defer\t" + escape("a positional `out`")
     if why:
         return f"error\t{fn.lineno}\t{escape(f'{filename}, line {fn.lineno}: {why}')}"
     return "ok"
 
+
+# UTF-8 and "\n" only, whatever the platform's defaults (`-I` ignores PYTHONUTF8): one line is
+# one request, and a "\r" in a source stays inside its field.
+sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
+sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
 
 for raw in sys.stdin:
     fields = [unescape(f) for f in raw.rstrip("\n").split("\t")]

@@ -42,6 +42,7 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('\n', "\\n")
         .replace('\t', "\\t")
+        .replace('\r', "\\r")
 }
 
 fn unescape(s: &str) -> String {
@@ -52,6 +53,7 @@ fn unescape(s: &str) -> String {
             match chars.next() {
                 Some('n') => out.push('\n'),
                 Some('t') => out.push('\t'),
+                Some('r') => out.push('\r'),
                 Some(other) => out.push(other),
                 None => out.push('\\'),
             }
@@ -142,12 +144,15 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         _ => None,
     };
     for (i, t) in texts.iter().enumerate() {
-        let mut asks = vec![("", "")];
-        if Some(i) == module_file {
-            asks = vec![(function.as_str(), "body")];
-            if let Some(g) = &grad {
-                asks.push((g.as_str(), "gradient"));
-            }
+        // Only the body's own file is judged: another module of a package may never be
+        // imported on this Python (`if sys.version_info >= …`), so its syntax is the runtime's.
+        if Some(i) != module_file {
+            continue;
+        }
+        // The body's request compiles the whole file first; the gradient's finds it compiled.
+        let mut asks = vec![(function.as_str(), "body")];
+        if let Some(g) = &grad {
+            asks.push((g.as_str(), "gradient"));
         }
         for (func, role) in asks {
             match ask(&t.name, &t.text, func, &names, role) {
@@ -220,12 +225,13 @@ fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
         // `mylib/sub/__init__.py` for `mylib.sub`.
         let inner: Vec<&str> = module.split('.').skip(1).collect();
         let base = inner.iter().fold(root.clone(), |p, m| p.join(m));
+        // As CPython's import (and pyop's embedded importer) looks: a package before a module.
         let body_file = if inner.is_empty() {
             root.join("__init__.py")
-        } else if base.with_extension("py").is_file() {
-            base.with_extension("py")
-        } else {
+        } else if base.join("__init__.py").is_file() {
             base.join("__init__.py")
+        } else {
+            base.with_extension("py")
         };
         let mut files = Vec::new();
         crate::attr::collect_py(&root, "", &mut files).ok()?;
@@ -312,7 +318,8 @@ mod tests {
         cx.check().err().map_or(String::new(), |e| e.to_string())
     }
 
-    /// A package: every module is compiled, and the body is looked up in the one `module` names.
+    /// A package: the body's module is compiled and its function looked up, in the file `module`
+    /// names (a sub-package's `__init__.py` before a module of the same name).
     #[test]
     fn packages_are_checked_file_by_file() {
         let root = std::env::temp_dir().join(format!("pyop-pycheck-{}", std::process::id()));
@@ -329,12 +336,18 @@ mod tests {
         let item = quote!(
             fn lib_fn(x: &Tensor) -> pyop::Result<Tensor>;
         );
+        // Another module's syntax is the runtime's to judge (it may never be imported).
+        assert_eq!(
+            errors(quote!(package = #path, tout = f32), item.clone()),
+            ""
+        );
+        std::fs::write(pkg.join("__init__.py"), "def lib_fn(x):\n    return (x\n").unwrap();
         let e = errors(quote!(package = #path, tout = f32), item.clone());
         assert!(
-            e.contains("helpers.py, line 2: '(' was never closed"),
+            e.contains("__init__.py, line 2: '(' was never closed"),
             "{e}"
         );
-        std::fs::write(pkg.join("helpers.py"), "def h(x):\n    return x\n").unwrap();
+        std::fs::write(pkg.join("__init__.py"), "def lib_fn(x):\n    return x\n").unwrap();
         assert_eq!(errors(quote!(package = #path, tout = f32), item), "");
         // `module` picks the file the body is in: `mylib.sub` is `sub/__init__.py`.
         let e = errors(

@@ -173,9 +173,13 @@ impl OutSpec {
 
 impl fmt::Display for OutSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.dtype_of {
-            Some(i) => write!(f, "dtype of argument {i}")?,
-            None => f.write_str(self.dtype.as_str())?,
+        // An argument's dtype, by the argument's index (the declaration's name is not kept).
+        match (self.dtype_of, self.like) {
+            (Some(i), Some(j)) if i == j && self.shape.is_none() => {
+                return write!(f, "like(args[{i}])")
+            }
+            (Some(i), _) => write!(f, "args[{i}].dtype")?,
+            (None, _) => f.write_str(self.dtype.as_str())?,
         }
         if let Some(i) = self.like {
             write!(f, "[like argument {i}]")?;
