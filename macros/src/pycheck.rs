@@ -393,8 +393,36 @@ mod tests {
             ""
         );
         assert_eq!(
-            errors(quote!(code = "@wrap\ndef f():\n    pass", tout = f32), item),
+            errors(
+                quote!(code = "@wrap\ndef f():\n    pass", tout = f32),
+                item.clone()
+            ),
             ""
         );
+        // What may rebind the name, anywhere in the module, and a module `__getattr__`.
+        for code in [
+            "def f(x, y):\n    pass\nexec('def f(x): pass')",
+            "def f(x, y):\n    pass\nclass C:\n    globals()['f'] = len",
+            "def f(x, y):\n    pass\ndef g():\n    global f\n    f = len",
+            "import sys\ndef f(x, y):\n    pass\nsys.modules[__name__].f = len",
+            "def __getattr__(name):\n    return len",
+        ] {
+            assert_eq!(
+                errors(quote!(code = #code, tout = f32), item.clone()),
+                "",
+                "{code}"
+            );
+        }
+        // A positional `out`, which pyop passes by keyword when it knows the output shapes.
+        assert_eq!(
+            errors(
+                quote!(code = "def f(x, out):\n    pass", numpy, tout = f32[x]),
+                item.clone()
+            ),
+            ""
+        );
+        // The same mistakes without those escapes are errors.
+        let e = errors(quote!(code = "def f(x, y):\n    pass", tout = f32), item);
+        assert!(e.contains("takes at least 2 positional arguments"), "{e}");
     }
 }
