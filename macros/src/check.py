@@ -3,8 +3,8 @@
 # and reads the named functions' signatures from its syntax tree.
 #
 # Protocol, one request per line on stdin, fields separated by tabs, each field escaped (`\\`,
-# `\n`, `\t`): filename, source, function, positional argument names (comma-separated), role
-# ("body", "gradient", or "" for a syntax check only). One answer per line on stdout:
+# `\n`, `\t`, `\r`): filename, source, function, positional argument names (comma-separated),
+# role ("body" or "gradient"). One answer per line on stdout:
 #   ok
 #   error <TAB> python line (0: none) <TAB> message
 #   defer <TAB> reason   (what only running the source can tell; validate() checks it)
@@ -181,8 +181,6 @@ def handle(filename, source, function, names, role):
         return f"error\t{line}\t{escape(msg)}"
     except ValueError as e:  # e.g. a NUL byte
         return f"error\t0\t{escape(f'{filename} cannot be compiled: {e}')}"
-    if not role:
-        return "ok"
     if role == "gradient":
         names = ["inputs", "outputs", "grads"]
     defs, other, dynamic = module_names(tree)

@@ -126,7 +126,7 @@ struct Text {
 
 /// Checks the body's source, function and gradient; errors go to `cx`, on the source's token.
 pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
-    let Some((texts, module_file)) = texts(opts) else {
+    let Some(t) = body_text(opts) else {
         return;
     };
     let names: Vec<String> = f
@@ -143,57 +143,51 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         Some(Grad::Python(g)) => Some(g.value()),
         _ => None,
     };
-    for (i, t) in texts.iter().enumerate() {
-        // Only the body's own file is judged: another module of a package may never be
-        // imported on this Python (`if sys.version_info >= …`), so its syntax is the runtime's.
-        if Some(i) != module_file {
-            continue;
-        }
-        // The body's request compiles the whole file first; the gradient's finds it compiled.
-        let mut asks = vec![(function.as_str(), "body")];
-        if let Some(g) = &grad {
-            asks.push((g.as_str(), "gradient"));
-        }
-        for (func, role) in asks {
-            match ask(&t.name, &t.text, func, &names, role) {
-                Answer::Ok | Answer::Defer => {}
-                Answer::Error(line, msg) => {
-                    let msg = match t.rs_line {
-                        Some(start) if line > 0 => format!(
-                            "{msg}\n(line {line} of the inline code is line {} of this file)",
-                            start + line - 1
-                        ),
-                        _ => msg,
-                    };
-                    // A missing function is the `name` (or `grad`) key's mistake as much as the
-                    // source's: point at it when it was written.
-                    let span = match (role, msg.contains(" defines no ")) {
-                        ("body", true) => opts.name.as_ref().map(|n| n.value.span()),
-                        ("gradient", true) => opts.grad.as_ref().map(|g| g.key.ident.span()),
-                        _ => None,
-                    };
-                    cx.syn_error(syn::Error::new(span.unwrap_or(t.span), msg));
-                    return; // one error per body: the first one found
-                }
-            }
+    // The body's request compiles the whole file first; the gradient's finds it compiled.
+    let mut asks = vec![(function.as_str(), "body")];
+    if let Some(g) = &grad {
+        asks.push((g.as_str(), "gradient"));
+    }
+    for (func, role) in asks {
+        if let Answer::Error(line, msg) = ask(&t.name, &t.text, func, &names, role) {
+            let msg = match t.rs_line {
+                Some(start) if line > 0 => format!(
+                    "{msg}\n(line {line} of the inline code is line {} of this file)",
+                    start + line - 1
+                ),
+                _ => msg,
+            };
+            // A missing function is the `name` (or `grad`) key's mistake as much as the
+            // source's: point at it when it was written.
+            let span = match (role, msg.contains(" defines no ")) {
+                ("body", true) => opts.name.as_ref().map(|n| n.value.span()),
+                ("gradient", true) => opts.grad.as_ref().map(|g| g.key.ident.span()),
+                _ => None,
+            };
+            cx.syn_error(syn::Error::new(span.unwrap_or(t.span), msg));
+            return; // one error per body: the first one found
         }
     }
 }
 
-/// The texts to check and which of them holds the body, for sources the macro can read.
-fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
+/// The text of the file that holds the body, for sources the macro can read. In a `package`
+/// only that file is judged: another module may never be imported on this Python (`if
+/// sys.version_info >= …`), so its syntax is the runtime's to judge when it is imported.
+fn body_text(opts: &Options) -> Option<Text> {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     let manifest = std::path::Path::new(&manifest);
-    if let Some(file) = &opts.file {
-        let rel = file.value.value();
-        let text = std::fs::read_to_string(manifest.join(&rel)).ok()?;
-        let t = Text {
-            name: rel,
+    let read = |path: &std::path::Path, name: String, span: Span| {
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(Text {
+            name,
             text,
             rs_line: None,
-            span: file.value.span(),
-        };
-        return Some((vec![t], Some(0)));
+            span,
+        })
+    };
+    if let Some(file) = &opts.file {
+        let rel = file.value.value();
+        return read(&manifest.join(&rel), rel, file.value.span());
     }
     if let Some(code) = &opts.code {
         return match &code.value {
@@ -202,15 +196,14 @@ fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
                 let lines_match =
                     text.matches('\n').count() == lit.token().to_string().matches('\n').count();
                 let rs_line = lines_match.then(|| rs_line(lit.span())).flatten();
-                let t = Text {
+                Some(Text {
                     name: "the inline code".to_owned(),
                     text,
                     rs_line,
                     span: lit.span(),
-                };
-                Some((vec![t], Some(0)))
+                })
             }
-            Code::Expr(e) => include_str_text(e).map(|t| (vec![t], Some(0))),
+            Code::Expr(e) => include_str_text(e),
         };
     }
     if let Some(package) = &opts.package {
@@ -221,11 +214,10 @@ fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
             .module
             .as_ref()
             .map_or(name.clone(), |m| m.value.value());
-        // The body's file: `mylib/__init__.py` for `mylib`, `mylib/sub.py` or
-        // `mylib/sub/__init__.py` for `mylib.sub`.
+        // `mylib/__init__.py` for `mylib`; for `mylib.sub`, as CPython's import (and pyop's
+        // embedded importer) looks, `mylib/sub/__init__.py` before `mylib/sub.py`.
         let inner: Vec<&str> = module.split('.').skip(1).collect();
         let base = inner.iter().fold(root.clone(), |p, m| p.join(m));
-        // As CPython's import (and pyop's embedded importer) looks: a package before a module.
         let body_file = if inner.is_empty() {
             root.join("__init__.py")
         } else if base.join("__init__.py").is_file() {
@@ -233,24 +225,12 @@ fn texts(opts: &Options) -> Option<(Vec<Text>, Option<usize>)> {
         } else {
             base.with_extension("py")
         };
-        let mut files = Vec::new();
-        crate::attr::collect_py(&root, "", &mut files).ok()?;
-        let mut texts = Vec::new();
-        let mut body_index = None;
-        for f in files {
-            let path = root.join(&f);
-            let text = std::fs::read_to_string(&path).ok()?;
-            if path == body_file {
-                body_index = Some(texts.len());
-            }
-            texts.push(Text {
-                name: format!("{}/{f}", rel.trim_end_matches('/')),
-                text,
-                rs_line: None,
-                span: package.value.span(),
-            });
-        }
-        return Some((texts, body_index));
+        let shown = body_file.strip_prefix(manifest).unwrap_or(&body_file);
+        return read(
+            &body_file,
+            shown.display().to_string(),
+            package.value.span(),
+        );
     }
     None // `module`: importing it could run anything; validate() checks it
 }
@@ -267,10 +247,9 @@ fn include_str_text(e: &syn::Expr) -> Option<Text> {
     let lit: syn::LitStr = m.mac.parse_body().ok()?;
     let here = source_file()?;
     let path = here.parent()?.join(lit.value());
-    let text = std::fs::read_to_string(&path).ok()?;
     Some(Text {
         name: lit.value(),
-        text,
+        text: std::fs::read_to_string(&path).ok()?,
         rs_line: None,
         span: lit.span(),
     })

@@ -101,10 +101,15 @@ pub(crate) fn to_tensor(
         || value.is_exact_instance_of::<PyInt>()
         || value.is_exact_instance_of::<PyBool>();
     if !exact_number {
-        if let Some(array) =
-            as_numpy_array(py, value).map_err(|e| crate::python::describe(py, &e))?
-        {
-            return Ok(array_to_tensor(py, dtype, &array)?);
+        let describe = |e: PyErr| crate::python::describe(py, &e);
+        if let Some(np) = crate::python::numpy::numpy_if_loaded(py).map_err(describe)? {
+            // A fresh array nothing else references becomes the tensor without a copy.
+            if let Some(t) = adopted(py, value, dtype) {
+                return Ok(t);
+            }
+            if let Some(array) = as_numpy_array(py, np, value).map_err(describe)? {
+                return Ok(array_to_tensor(py, dtype, &array)?);
+            }
         }
     }
     let is_number =
@@ -140,15 +145,13 @@ pub(crate) fn infer_dtype(leaves: &[Scalar]) -> DType {
     }
 }
 
-/// The value as a NumPy array if it is one or a NumPy scalar. NumPy is looked up in
-/// `sys.modules` only, so tensor mode never imports it.
-pub(crate) fn as_numpy_array<'py>(
+/// The value as a NumPy array if it is one or a NumPy scalar (`np`: NumPy, which the caller found
+/// loaded in `sys.modules`, so that tensor mode never imports it).
+fn as_numpy_array<'py>(
     py: Python<'py>,
+    np: &crate::python::numpy::NumpyRefs,
     value: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
-    let Some(np) = crate::python::numpy::numpy_if_loaded(py)? else {
-        return Ok(None);
-    };
     if let Ok(a) = value.cast::<PyUntypedArray>() {
         return Ok(Some(a.clone()));
     }
@@ -244,14 +247,13 @@ pub(crate) fn array_to_tensor(
 /// A fresh NumPy array, made during a numpy-mode body by pyop's data allocator (see
 /// `python::numpy_alloc`), becomes the tensor without a copy: its buffer already has the layout
 /// `Vec<T>` frees with. Only when nothing else can reach the buffer: `value` is an exact
-/// `ndarray` with no other reference (so no view of it exists), owning its C-contiguous, aligned
-/// data of exactly `dtype`. The array is left a read-only view of the tensor (its base holds it),
+/// `ndarray` with no other reference than the caller's (so no view of it exists; the outputs'
+/// caller lets go of the result tuple first), owning its C-contiguous, aligned data of exactly
+/// `dtype` (or any candle dtype, without one). NumPy is loaded (the caller checked, before this
+/// reads the reference count: from there to `take`, no Python code runs). The array is left a read-only view of the tensor (its base holds it),
 /// so even the reference that remains can neither write to candle memory nor outlive it.
-pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) -> Option<Tensor> {
+fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: Option<DType>) -> Option<Tensor> {
     use numpy::npyffi::{self, PY_ARRAY_API};
-    // First what may run Python (the lookup imports `sys` until its cache is filled): from the
-    // reference count check to `take`, no Python code runs, so nothing can gain a reference.
-    crate::python::numpy::numpy_if_loaded(py).ok()??;
     // SAFETY: reading the reference count and type of a live object.
     let (refs, ty) = unsafe {
         (
@@ -267,9 +269,11 @@ pub(crate) fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: DType) ->
         return None;
     }
     let array = value.cast::<PyUntypedArray>().ok()?;
-    if candle_dtype(&array.dtype()) != Some(dtype) {
-        return None;
-    }
+    let dtype = match (candle_dtype(&array.dtype()), dtype) {
+        (Some(have), Some(want)) if have == want => have,
+        (Some(have), None) => have,
+        _ => return None,
+    };
     let raw = array.as_array_ptr();
     let want =
         npyffi::NPY_ARRAY_OWNDATA | npyffi::NPY_ARRAY_C_CONTIGUOUS | npyffi::NPY_ARRAY_ALIGNED;

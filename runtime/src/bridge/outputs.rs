@@ -71,7 +71,7 @@ impl OutputCheck<'_> {
 ///
 /// It takes the body's result by value and lets go of the tuple or list before converting the
 /// items, so an array only the result referenced has no other reference and can be adopted
-/// without a copy (see `numbers::adopted`).
+/// without a copy (see `numbers::to_tensor`).
 pub(crate) fn outputs_from_python(
     py: Python<'_>,
     check: &OutputCheck<'_>,
@@ -143,11 +143,7 @@ pub(crate) fn value_to_tensor(
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
     let what = check.role;
-    let converted = match super::numbers::adopted(py, value, spec.dtype) {
-        Some(t) => Ok(t),
-        None => to_tensor(py, value, Some(spec.dtype)),
-    };
-    let tensor = match converted {
+    let tensor = match to_tensor(py, value, Some(spec.dtype)) {
         Ok(t) => t,
         Err(ConversionError::NotTensorLike(got)) => {
             return Err(check.error(

@@ -28,7 +28,7 @@ use pyo3::sync::PyOnceLock;
 
 /// Buffers from this size on come from Rust's global allocator (and can be adopted); below it a
 /// copy costs less than a lock and a hash lookup, and NumPy's small-buffer cache stays in use.
-pub(crate) const ADOPT_FROM: usize = 64 << 10;
+const ADOPT_FROM: usize = 64 << 10;
 
 /// `PyDataMemAllocator` (numpy/ndarraytypes.h, NumPy ≥ 1.22).
 #[repr(C)]
