@@ -18,11 +18,12 @@ pub enum KeyName {
     Tout,
     Grad,
     TimeoutMs,
+    Workers,
     Crate,
 }
 
 impl KeyName {
-    pub const ALL: [KeyName; 10] = [
+    pub const ALL: [KeyName; 11] = [
         KeyName::File,
         KeyName::Code,
         KeyName::Module,
@@ -32,6 +33,7 @@ impl KeyName {
         KeyName::Tout,
         KeyName::Grad,
         KeyName::TimeoutMs,
+        KeyName::Workers,
         KeyName::Crate,
     ];
 
@@ -54,6 +56,7 @@ impl KeyName {
             KeyName::Tout => "tout",
             KeyName::Grad => "grad",
             KeyName::TimeoutMs => "timeout_ms",
+            KeyName::Workers => "workers",
             KeyName::Crate => "crate",
         }
     }
@@ -134,6 +137,7 @@ pub struct Options {
     pub tout: Option<Attr<Tout>>,
     pub grad: Option<Attr<Grad>>,
     pub timeout_ms: Option<Attr<LitInt>>,
+    pub workers: Option<Attr<LitInt>>,
     pub krate: Option<Attr<syn::Path>>,
     /// Every key written, valid value or not (and a misspelt one, with its likely meaning): a key
     /// whose value was wrong is not also "missing".
@@ -254,6 +258,7 @@ impl Options {
             KeyName::Tout => set(cx, &mut self.tout, key, parse_tout(cx, value)),
             KeyName::Grad => set(cx, &mut self.grad, key, parse_grad(cx, value)),
             KeyName::TimeoutMs => set(cx, &mut self.timeout_ms, key, parse_timeout(cx, value)),
+            KeyName::Workers => set(cx, &mut self.workers, key, parse_workers(cx, value)),
             KeyName::Crate => set(cx, &mut self.krate, key, parse_crate(cx, value)),
         }
     }
@@ -297,6 +302,19 @@ fn parse_timeout(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
         cx.error_spanned_by(
             &value,
             "expected a positive number of milliseconds: `timeout_ms = 500`",
+        );
+    }
+    lit
+}
+
+fn parse_workers(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
+    let lit = syn::parse2::<LitInt>(value.clone())
+        .ok()
+        .filter(|l| l.base10_parse::<u16>().is_ok_and(|n| n > 0));
+    if lit.is_none() {
+        cx.error_spanned_by(
+            &value,
+            "expected a positive number of worker processes: `workers = 4`",
         );
     }
     lit

@@ -94,6 +94,13 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             quote!(::core::option::Option::Some(#ms))
         }
     };
+    let workers = match &opts.workers {
+        None => quote!(0),
+        Some(a) => {
+            let n = &a.value;
+            quote!(#n)
+        }
+    };
     let py_params: Vec<_> = f
         .params
         .iter()
@@ -129,6 +136,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 grad: #grad,
                 params: &[#(#param_names),*],
                 timeout_ms: #timeout,
+                workers: #workers,
             });
             static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
             #p::inventory::submit! { #p::Registration(&__PYOP_OP) }

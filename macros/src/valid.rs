@@ -15,6 +15,7 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
     check_one_source(cx, opts);
     check_file_exists(cx, opts);
     check_package_module(cx, opts);
+    check_workers_mode(cx, opts);
     if let Some(tout) = tout_declared(cx, opts) {
         check_tout_arity(cx, tout, f);
         check_like_params(cx, tout, f);
@@ -180,6 +181,17 @@ fn check_like_params(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
                 ),
             }
         }
+    }
+}
+
+/// Worker processes run numpy-mode bodies only: a tensor-mode body needs the program's tensors.
+fn check_workers_mode(cx: &Ctxt, opts: &Options) {
+    if let (Some(w), None) = (&opts.workers, &opts.numpy) {
+        cx.error_spanned_by(
+            &w.key.ident,
+            "`workers` runs numpy-mode ops only (a tensor-mode body works on the program's own \
+             candle tensors, which a worker process cannot reach): add `numpy`, or drop `workers`",
+        );
     }
 }
 

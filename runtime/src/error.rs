@@ -52,6 +52,9 @@ pub enum ErrorKind {
     Validation,
     /// An error from candle.
     Candle,
+    /// A worker process died while running the call (a crash, `os._exit`, a kill from outside);
+    /// the pool replaces it.
+    WorkerLost,
 }
 
 /// An error from a pyop op, from [`validate`](crate::validate), or from candle.

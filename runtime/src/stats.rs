@@ -11,6 +11,7 @@ pub(crate) struct Counters {
     python_ns: AtomicU64,
     gil_wait_ns: AtomicU64,
     gil_taken: AtomicU64,
+    worker_ns: AtomicU64,
 }
 
 /// A snapshot of an op's counters.
@@ -30,6 +31,9 @@ pub struct OpStats {
     /// Releasing it inside a call — large copies, big tensor work — and taking it back does not
     /// count.
     pub gil_acquisitions: u64,
+    /// Time calls spent in worker processes (ops that run in a `WorkerPool`): from writing the
+    /// inputs to the reply, waiting for a free worker included.
+    pub worker_time: Duration,
 }
 
 impl Counters {
@@ -48,6 +52,11 @@ impl Counters {
         self.gil_taken.fetch_add(taken, Relaxed);
     }
 
+    /// Adds the time one call spent in a worker process.
+    pub(crate) fn record_worker(&self, took: Duration) {
+        self.worker_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> OpStats {
         OpStats {
             calls: self.calls.load(Relaxed),
@@ -55,6 +64,7 @@ impl Counters {
             python_time: Duration::from_nanos(self.python_ns.load(Relaxed)),
             gil_wait: Duration::from_nanos(self.gil_wait_ns.load(Relaxed)),
             gil_acquisitions: self.gil_taken.load(Relaxed),
+            worker_time: Duration::from_nanos(self.worker_ns.load(Relaxed)),
         }
     }
 }

@@ -89,6 +89,11 @@ impl Reload {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The source in use now (the last one that loaded).
+    pub(crate) fn source(&self) -> Source {
+        self.lock().source.clone()
+    }
+
     /// The last reload's error, if the last reload failed.
     pub(crate) fn last_error(&self) -> Option<String> {
         self.lock().error.clone()

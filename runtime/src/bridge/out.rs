@@ -64,6 +64,17 @@ pub(crate) fn out_buffers<'py>(
     })
 }
 
+/// The error for a body given `out` that returned something else than None or `out`.
+pub(crate) fn returned_instead_of_out(check: &OutputCheck<'_>, returned: &Bound<'_, PyAny>) -> Error {
+    check.error(
+        None,
+        format!(
+            "a body given `out` writes its outputs into it and returns None (or `out`), got {}",
+            describe_value(returned)
+        ),
+    )
+}
+
 impl OutBuffers<'_> {
     /// The outputs, once the body has returned `None` or `out` itself. A tensor whose memory a
     /// Python object still references (the body kept `out` or a view of it) is copied, so Python
@@ -74,13 +85,7 @@ impl OutBuffers<'_> {
         returned: Bound<'_, PyAny>,
     ) -> Result<Vec<Tensor>> {
         if !(returned.is_none() || returned.is(&self.arg)) {
-            return Err(check.error(
-                None,
-                format!(
-                    "a body given `out` writes its outputs into it and returns None (or `out`), got {}",
-                    describe_value(&returned)
-                ),
-            ));
+            return Err(returned_instead_of_out(check, &returned));
         }
         drop(returned);
         drop(self.arg);

@@ -14,6 +14,8 @@ use crate::bridge::with_gil;
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::spec::{numpy_can_hold, Mode, OutSpec};
 use crate::stats::Counters;
+use crate::worker::WorkerPool;
+use super::workers::Workers;
 
 impl PyOp {
     /// Starts building an op named `name` (the name errors and counters show).
@@ -26,6 +28,7 @@ impl PyOp {
             tout: None,
             gradient: None,
             timeout: None,
+            pool: None,
         }
     }
 }
@@ -61,6 +64,7 @@ pub struct OpBuilder {
     tout: Option<Vec<OutSpec>>,
     gradient: Option<GradientSpec>,
     timeout: Option<Duration>,
+    pool: Option<WorkerPool>,
 }
 
 enum GradientSpec {
@@ -194,6 +198,21 @@ impl OpBuilder {
         self
     }
 
+    /// Runs the body (and a Python gradient) in a pool of `n` worker processes of the op's own
+    /// (numpy mode only): see [`WorkerPool`]. Bodies that spend their time in Python then run in
+    /// parallel, a crash or a hang in C code fails only its call, and a time limit kills the
+    /// worker.
+    pub fn workers(self, n: usize) -> Self {
+        self.pool(&WorkerPool::new(n))
+    }
+
+    /// Runs the body in the workers of `pool`, shared with the other ops given it (numpy mode
+    /// only): see [`WorkerPool`].
+    pub fn pool(mut self, pool: &WorkerPool) -> Self {
+        self.pool = Some(pool.clone());
+        self
+    }
+
     /// Loads the source (in a namespace of the op's own) and finds the body and gradient.
     pub fn build(self) -> Result<PyOp> {
         self.build_in(false)
@@ -219,6 +238,26 @@ impl OpBuilder {
                     InvalidArgument,
                     "output {i} is {}, which NumPy cannot hold; use tensor mode",
                     o.dtype.as_str()
+                );
+            }
+        }
+        if self.pool.is_some() {
+            if self.mode != Mode::Numpy {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "worker processes run numpy-mode ops only (a tensor-mode body needs the \
+                     program's candle tensors): add `.numpy()` or drop the pool"
+                );
+            }
+            if matches!(self.body, BodySpec::Callable(_))
+                || matches!(self.gradient, Some(GradientSpec::Callable(_)))
+            {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "a body or gradient given as a Python callable cannot run in a worker \
+                     process: give its source (code, a file, a package or a module)"
                 );
             }
         }
@@ -284,6 +323,10 @@ impl OpBuilder {
             Ok((body, keep, gradient, source, accepts_out))
         })?
         .0;
+        let workers = match (self.pool, &source) {
+            (Some(pool), Some(src)) => Some(Workers::new(pool, &name, src)),
+            _ => None,
+        };
         let reload = source
             .as_ref()
             .and_then(|s| crate::body::reload::Reload::for_source(s, shared));
@@ -302,6 +345,7 @@ impl OpBuilder {
                 reload,
                 function,
                 gradient_name,
+                workers,
                 _module: module,
             }),
         })

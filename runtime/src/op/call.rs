@@ -18,6 +18,7 @@ use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
 use crate::spec::{Mode, OutSpec};
+use super::workers::{out_shapes, Group, WireInputs, WorkerCall, Workers};
 
 impl PyOp {
     /// Calls the op: one output tensor per `tout` entry, on the inputs' device. Arguments are
@@ -58,7 +59,8 @@ impl PyOp {
             "pyop.call",
             op = %op.name,
             mode = op.mode.as_str(),
-            device = ?device.location()
+            device = ?device.location(),
+            worker = tracing::field::Empty
         );
         let _entered = span.enter();
 
@@ -74,9 +76,12 @@ impl PyOp {
             prepared
         };
         let timeout = options.timeout.or(op.timeout);
-        let outputs = op.run_python(&device, |py| {
-            op.run_body(py, args, &prepared, &device, timeout)
-        })?;
+        let outputs = match &op.workers {
+            Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout)?,
+            None => op.run_python(&device, |py| {
+                op.run_body(py, args, &prepared, &device, timeout)
+            })?,
+        };
         if needs_node {
             autograd::attach(&self.inner, args, prepared, outputs).map_err(|e| e.in_op(&op.name))
         } else {
@@ -112,6 +117,53 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
 }
 
 impl OpInner {
+    /// The body's part of a forward call run in a worker process: the inputs written to its
+    /// shared memory and the request sent without the GIL, then, with it, the one output check
+    /// on what the worker returned (or the `out` buffers it wrote).
+    fn run_in_worker(
+        &self,
+        workers: &Workers,
+        args: &[Arg<'_>],
+        prepared: &[Prepared],
+        device: &Device,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Tensor>> {
+        let op = self;
+        let tout = op.failed_before_python(OutSpec::resolve(&op.tout, args).map_err(|msg| {
+            Error::op_failure(Some(op.name.as_str()), ErrorKind::InvalidArgument, msg)
+        }))?;
+        let outs = if op.accepts_out {
+            out_shapes(&tout, args)
+        } else {
+            None
+        };
+        let inputs = op.failed_before_python(WireInputs::new(prepared))?;
+        let started = std::time::Instant::now();
+        let answer = op.failed_before_python(op.call_in_worker(
+            workers,
+            WorkerCall {
+                function: &op.function,
+                inputs: &inputs,
+                groups: &[(args, Group::List)],
+                outs: outs.as_deref(),
+                timeout,
+            },
+        ))?;
+        op.counters.record_worker(started.elapsed());
+        tracing::Span::current().record("worker", answer.worker);
+        op.run_python(device, |py| {
+            crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
+            let check = OutputCheck {
+                op: &op.name,
+                tout: &tout,
+                device,
+                role: Role::Output,
+                args,
+            };
+            op.worker_outputs(py, &answer, &check, outs.as_deref())
+        })
+    }
+
     /// The body's part of a forward call, with the GIL held: the Python arguments, the body (with
     /// `out` buffers when it takes them and every output's shape is known), the output check.
     fn run_body(

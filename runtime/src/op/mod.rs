@@ -7,6 +7,7 @@ pub(crate) mod builder;
 pub(crate) mod call;
 pub(crate) mod gradient;
 pub(crate) mod run;
+pub(crate) mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,8 @@ pub(crate) struct OpInner {
     reload: Option<crate::body::reload::Reload>,
     function: String,
     gradient_name: Option<String>,
+    /// The pool the body runs in, when it runs in worker processes.
+    pub(crate) workers: Option<workers::Workers>,
     pub counters: Counters,
     /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
     owns_lines: bool,

@@ -35,6 +35,8 @@ pub struct OpDeclParts {
     pub grad: Option<GradDecl>,
     pub params: &'static [&'static str],
     pub timeout_ms: Option<u64>,
+    /// `workers = N`: the size of the op's own worker pool (0: the body runs in the program).
+    pub workers: usize,
 }
 
 /// Where a declared op's body comes from.
@@ -143,6 +145,12 @@ impl OpDecl {
     }
 
     /// Adds where the op was declared to a load error of the op.
+    /// The size of the op's own worker pool (`workers = N`), if its body runs in worker
+    /// processes.
+    pub fn workers(&self) -> Option<usize> {
+        (self.0.workers > 0).then_some(self.0.workers)
+    }
+
     pub(crate) fn annotate(&self, e: Error) -> Error {
         e.append_context(&format!(
             " (op declared as {} at {}:{})",
@@ -209,6 +217,9 @@ impl OpDecl {
             Some(GradDecl::Python(g)) => b.gradient(*g),
             Some(GradDecl::Rust(f, _)) => b.gradient_rust(*f),
         };
+        if d.workers > 0 {
+            b = b.workers(d.workers);
+        }
         if let Some(ms) = d.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));
         }

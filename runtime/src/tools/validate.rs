@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use crate::body::source;
 use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result, NO_OP};
-use crate::registry::decl::{GradDecl, OpDecl};
+use crate::registry::decl::{GradDecl, OpDecl, StaticOp};
 use crate::registry::registered_ops;
 use crate::spec::Mode;
 
@@ -190,7 +190,7 @@ pub fn validation_report() -> Result<ValidationReport> {
             report.checked += 1;
             check_op(
                 py,
-                op.decl(),
+                op,
                 &mut report,
                 &mut causes,
                 numpy_cause.as_deref(),
@@ -226,11 +226,12 @@ fn missing_module(e: &Error) -> Option<String> {
 
 fn check_op(
     py: Python<'_>,
-    decl: &'static OpDecl,
+    op: &StaticOp,
     report: &mut ValidationReport,
     causes: &mut Vec<String>,
     numpy_cause: Option<&str>,
 ) {
+    let decl = op.decl();
     let here = || Some(OpRef::of(decl));
     let mut own = |report: &mut ValidationReport, message: String| {
         report.add(causes, format!("op {}", decl.rust_path()), here(), message)
@@ -299,6 +300,21 @@ fn check_op(
                     format!("the gradient `{g}` does not accept (inputs, outputs, grads): {msg}"),
                 ),
             },
+        }
+    }
+    // An op that runs in workers: one must start with the program's environment and load the
+    // body there (where an import the program has may be missing, or NumPy).
+    if decl.workers().is_some() {
+        let mut functions = vec![decl.function()];
+        if let Some(GradDecl::Python(g)) = decl.gradient() {
+            functions.push(g);
+        }
+        let checked = op.get().and_then(|built| match &built.inner.workers {
+            Some(w) => built.inner.check_worker(w, &functions),
+            None => Ok(()),
+        });
+        if let Err(e) = checked {
+            own(report, e.with_op(None).to_string());
         }
     }
 }

@@ -10,6 +10,7 @@ use pyo3::types::{PyList, PyTuple};
 use super::node::{Node, SavedArg};
 use crate::arg::Arg;
 use crate::bridge::args::{python_args, Lists};
+use crate::op::workers::{Group, WireInputs, WorkerCall};
 use crate::bridge::outputs::{OutputCheck, Role};
 use crate::bridge::prepare::Prepared;
 use crate::error::{panic_message, Error, ErrorKind, Result};
@@ -140,6 +141,34 @@ impl Node {
             .first()
             .map(|p| p.tensor.device().clone())
             .unwrap_or(candle_core::Device::Cpu);
+        if let (Some(workers), Some(name)) = (&op.workers, &op.gradient_name) {
+            // The registered Python gradient runs in a worker too, with the same arguments.
+            let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
+            let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
+            let inputs = op.failed_before_python(WireInputs::new(
+                self.prepared.iter().chain(&out_prepared).chain(&grad_prepared),
+            ))?;
+            let started = std::time::Instant::now();
+            let answer = op.failed_before_python(op.call_in_worker(
+                workers,
+                WorkerCall {
+                    function: name,
+                    inputs: &inputs,
+                    groups: &[
+                        (&args, Group::Tuple),
+                        (&outs, Group::Tuple),
+                        (&gs, Group::Tuple),
+                    ],
+                    outs: None,
+                    timeout: op.timeout,
+                },
+            ))?;
+            op.counters.record_worker(started.elapsed());
+            return op.run_python(&device, |py| {
+                let returned = op.worker_value(py, &answer)?;
+                self.python_results(py, &args, &device, &returned)
+            });
+        }
         op.run_python(&device, |py| {
             let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
                 python_args(py, op.mode, a, p, Lists::AsTuples)

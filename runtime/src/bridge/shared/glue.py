@@ -1,0 +1,66 @@
+# The program's side of a worker's reply (`bridge/shared/mod.rs`): unpickling what a worker sent,
+# and rebuilding its exceptions. Run once, in a namespace of its own, under the file name
+# `<pyop>`.
+
+import builtins as _builtins
+import io as _io
+import pickle as _pickle
+
+_classes = {}
+
+
+def _standin_class(qualname, module):
+    key = (qualname, module)
+    cls = _classes.get(key)
+    if cls is None:
+        cls = type(qualname.rpartition(".")[2], (), {
+            "__module__": module,
+            "__qualname__": qualname,
+            "__repr__": lambda self: "<%s.%s from a pyop worker>" % (module, qualname),
+        })
+        _classes[key] = cls
+    return cls
+
+
+def _standin(qualname, module):
+    """A value the worker could not send as it is: an object of a class of the same name."""
+    return _standin_class(qualname, module)()
+
+
+# What a worker's pickle may name: values the output check reads, nothing that runs code.
+_ALLOWED = ("builtins", "copyreg", "_codecs", "numpy")
+
+
+class _Unpickler(_pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "_pyop_worker" and name == "standin":
+            return _standin
+        if module.split(".")[0] in _ALLOWED:
+            return super().find_class(module, name)
+        raise _pickle.UnpicklingError(
+            "a pyop worker sent %s.%s, which is not a value pyop reads" % (module, name))
+
+
+def loads(data, buffers):
+    return _Unpickler(_io.BytesIO(data), buffers=buffers).load()
+
+
+def exception(type_name, module, bases, message, name):
+    """An exception of the worker's type name, deriving from the same builtin exception (so it
+    maps to the same error kind), whose str() is the worker's."""
+    for b in bases:
+        base = getattr(_builtins, b, None)
+        if not (isinstance(base, type) and issubclass(base, BaseException)):
+            continue
+        if module == "builtins" and b == type_name:
+            cls = base
+        else:
+            cls = type(type_name, (base,), {"__module__": module, "__str__": lambda self: message})
+        try:
+            e = cls(message)
+        except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+            continue
+        if name is not None and isinstance(e, ImportError):
+            e.name = name
+        return e
+    return type(type_name, (Exception,), {"__module__": module})(message)

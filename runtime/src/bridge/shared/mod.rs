@@ -1,0 +1,172 @@
+//! A worker's reply as Python values in the program: its pickle loaded with its large buffers
+//! read in place from shared memory (read-only views that keep the mapping alive), and its
+//! exceptions rebuilt with their kind, message and the worker's traceback. The output check then
+//! runs on these values exactly as on a body's own (`bridge::outputs`).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use memmap2::MmapRaw;
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::error::{Error, ErrorKind, IntoOpName};
+use crate::python::errors::{python_error, run_pyop_code};
+use crate::worker::process::Reply;
+
+/// Bytes of a worker arena, exported read-only through the buffer protocol. Every view NumPy
+/// makes of them holds this object, and this object holds the mapping: the memory stays mapped
+/// for as long as any view of it exists, whatever happens to the arena.
+#[pyclass(frozen, name = "SharedBytes", module = "pyop")]
+pub(crate) struct SharedBytes {
+    map: Arc<MmapRaw>,
+    offset: usize,
+    len: usize,
+}
+
+#[pymethods]
+impl SharedBytes {
+    /// Read-only, one-dimensional bytes.
+    ///
+    /// # Safety
+    /// Called by Python with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("a worker's reply is read-only"));
+        }
+        let this = slf.get();
+        // SAFETY: `offset + len` lies inside the mapping (checked in `buffers`), which `slf`
+        // keeps alive; PyBuffer_FillInfo takes a new reference to `slf` for the view.
+        let ret = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                this.map.as_mut_ptr().add(this.offset).cast(),
+                this.len as pyo3::ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if ret == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+}
+
+static GLUE: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+
+fn glue(py: Python<'_>) -> PyResult<&Bound<'_, PyDict>> {
+    GLUE.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        run_pyop_code(py, include_str!("glue.py"), &namespace)?;
+        Ok(namespace.unbind())
+    })
+    .map(|g| g.bind(py))
+}
+
+fn glue_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    Ok(glue(py)?
+        .get_item(name)?
+        .expect("glue.py defines its functions"))
+}
+
+/// The value a worker returned (its pickle, with buffers read in place).
+pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, PyAny>> {
+    let buffers = PyList::empty(py);
+    for buf in reply.header["bufs"].as_array().into_iter().flatten() {
+        let field = |i: usize| buf[i].as_u64().unwrap_or(u64::MAX) as usize;
+        let map = match field(0) {
+            0 => Some(&reply.input),
+            _ => reply.result.as_ref(),
+        };
+        let (offset, len) = (field(1), field(2));
+        let Some(map) = map.filter(|m| offset.checked_add(len).is_some_and(|e| e <= m.len()))
+        else {
+            return Err(PyBufferError::new_err(
+                "a worker named a buffer outside its shared memory",
+            ));
+        };
+        buffers.append(Bound::new(
+            py,
+            SharedBytes {
+                map: Arc::clone(map),
+                offset,
+                len,
+            },
+        )?)?;
+    }
+    glue_fn(py, "loads")?.call1((PyBytes::new(py, &reply.payload), buffers))
+}
+
+/// The error a worker's exception (`exc` of its reply) becomes: the same kind, exception name
+/// and message the body's exception would give in the program, with the worker's traceback.
+pub(crate) fn worker_exception(
+    py: Python<'_>,
+    op: impl IntoOpName + Copy,
+    exc: &serde_json::Value,
+) -> Error {
+    let text = |k: &str| exc[k].as_str().unwrap_or_default().to_owned();
+    let bases: Vec<String> = exc["bases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.as_str().map(str::to_owned))
+        .collect();
+    let rebuilt = glue_fn(py, "exception").and_then(|f| {
+        f.call1((
+            text("type"),
+            text("module"),
+            bases,
+            text("message"),
+            exc["name"].as_str(),
+        ))
+    });
+    let err = match rebuilt {
+        Ok(e) => python_error(py, op, PyErr::from_value(e)),
+        Err(e) => python_error(py, op, e),
+    };
+    match err {
+        Error::Python {
+            op,
+            kind,
+            exception,
+            mut message,
+            ..
+        } => {
+            let mut traceback = text("traceback");
+            if let Some(msg) = exc["syntax_msg"].as_str() {
+                message = msg.to_owned();
+                traceback.push_str(&text("syntax_location"));
+            }
+            Error::Python {
+                op,
+                kind,
+                exception,
+                message,
+                traceback,
+            }
+        }
+        other => other,
+    }
+}
+
+/// Kinds a worker's failures take that no Python exception has.
+pub(crate) fn result_not_sent(op: impl IntoOpName, exc: &serde_json::Value) -> Error {
+    Error::mismatch(
+        op,
+        ErrorKind::OutputMismatch,
+        None,
+        format!(
+            "the body's result could not be sent back from its worker: {}: {}",
+            exc["type"].as_str().unwrap_or("Exception"),
+            exc["message"].as_str().unwrap_or_default()
+        ),
+    )
+}

@@ -1,0 +1,267 @@
+//! Worker processes for numpy-mode ops: a [`WorkerPool`] of Python processes that run bodies
+//! outside the program's interpreter, so that Python-bound bodies run in parallel, a body that
+//! crashes or hangs in C code fails only its own call, and a time limit always holds (the worker
+//! is killed).
+//!
+//! Plain Rust: the pool, the processes (`process`), shared memory (`arena`) and the frames on the
+//! socket (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`),
+//! and the call itself the op's (`op::workers`).
+
+pub(crate) mod arena;
+pub(crate) mod process;
+pub(crate) mod wire;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use process::{StartError, Worker};
+
+/// How workers are started: the interpreter the program embeds (its installation's `python`),
+/// the embedded interpreter's `sys.path` (so imports resolve as they do in the program), and the
+/// embedded-package importer's code.
+#[derive(Clone, Debug)]
+pub(crate) struct Launch {
+    pub python: PathBuf,
+    pub sys_path: Vec<String>,
+    pub importer: &'static str,
+    /// The environment, for messages (`PythonEnv::describe`).
+    pub describe: String,
+    /// The command that installs NumPy there.
+    pub pip_numpy: String,
+}
+
+/// A pool of Python worker processes that numpy-mode ops run their bodies in.
+///
+/// Give one op its own pool with [`OpBuilder::workers`](crate::OpBuilder::workers) (or
+/// `#[py_op(numpy, workers = N)]`), or share one pool between ops with
+/// [`OpBuilder::pool`](crate::OpBuilder::pool). Workers start on first use, up to `size`, and
+/// are replaced when one dies or is killed on a time limit; each runs one call at a time. Module
+/// state (globals, caches) is per worker. Cloning is cheap and shares the pool; when the last
+/// clone (and every op using it) is dropped, the workers end. They also end with the program,
+/// however it ends.
+///
+/// ```
+/// use pyop::candle::{DType, Device, Tensor};
+/// use pyop::{Arg, OutSpec, PyOp, WorkerPool};
+///
+/// let pool = WorkerPool::new(2);
+/// let op = PyOp::builder("tokens")
+///     .code("import numpy as np\ndef tokens(x):\n    return np.array([len(str(v)) for v in x.tolist()], dtype=np.int64)")
+///     .numpy()
+///     .pool(&pool)
+///     .tout([OutSpec::new(DType::I64)])
+///     .build()?;
+/// let x = Tensor::new(&[1.5f64, 10., 100.25], &Device::Cpu)?;
+/// assert_eq!(op.call(&[Arg::from(&x)])?[0].to_vec1::<i64>()?, [3, 4, 6]);
+/// assert_eq!(pool.stats().started, 1);
+/// # Ok::<(), pyop::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct WorkerPool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+pub(crate) struct PoolInner {
+    size: usize,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+    started: AtomicU64,
+    start_ns: AtomicU64,
+    lost: AtomicU64,
+    timed_out: AtomicU64,
+    calls: AtomicU64,
+}
+
+struct PoolState {
+    idle: Vec<Worker>,
+    /// Workers started and not lost: idle ones and those out on a call.
+    live: usize,
+    next_id: u64,
+}
+
+/// What a [`WorkerPool`] has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// The most workers the pool runs at once.
+    pub size: usize,
+    /// Workers running now (idle or busy).
+    pub running: usize,
+    /// Workers running a call now.
+    pub busy: usize,
+    /// Workers started so far, replacements included.
+    pub started: u64,
+    /// Time spent starting them, in all (the interpreter and NumPy, until each was ready).
+    pub start_time: Duration,
+    /// Workers that died during a call (a crash, `os._exit`, a kill from outside).
+    pub lost: u64,
+    /// Workers killed because a call ran past its time limit.
+    pub timed_out: u64,
+    /// Calls (bodies, gradients and checks) run in the pool's workers.
+    pub calls: u64,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl WorkerPool {
+    /// A pool of at most `size` workers (at least one), none started yet.
+    pub fn new(size: usize) -> WorkerPool {
+        WorkerPool {
+            inner: Arc::new(PoolInner {
+                size: size.max(1),
+                state: Mutex::new(PoolState {
+                    idle: Vec::new(),
+                    live: 0,
+                    next_id: 1,
+                }),
+                freed: Condvar::new(),
+                started: AtomicU64::new(0),
+                start_ns: AtomicU64::new(0),
+                lost: AtomicU64::new(0),
+                timed_out: AtomicU64::new(0),
+                calls: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The most workers the pool runs at once.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// What the pool has done so far.
+    pub fn stats(&self) -> PoolStats {
+        let p = &*self.inner;
+        let (running, idle) = {
+            let st = p.lock();
+            (st.live, st.idle.len())
+        };
+        PoolStats {
+            size: p.size,
+            running,
+            busy: running - idle,
+            started: p.started.load(Relaxed),
+            start_time: Duration::from_nanos(p.start_ns.load(Relaxed)),
+            lost: p.lost.load(Relaxed),
+            timed_out: p.timed_out.load(Relaxed),
+            calls: p.calls.load(Relaxed),
+        }
+    }
+
+    /// The process ids of the idle workers (for tests and diagnostics).
+    #[doc(hidden)]
+    pub fn idle_pids(&self) -> Vec<u32> {
+        self.inner.lock().idle.iter().map(|w| w.pid).collect()
+    }
+
+    /// Ends the idle workers now (busy ones end when their call returns and the pool is gone);
+    /// the pool starts new ones when it is used again.
+    pub fn shutdown(&self) {
+        let idle = {
+            let mut st = self.inner.lock();
+            let idle = std::mem::take(&mut st.idle);
+            st.live -= idle.len();
+            idle
+        };
+        drop(idle);
+        self.inner.freed.notify_all();
+    }
+}
+
+impl PoolInner {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A worker taken from its pool for one call; back to the pool when dropped, unless the call
+/// lost it.
+pub(crate) struct Lease {
+    pool: Arc<PoolInner>,
+    worker: Option<Worker>,
+}
+
+impl WorkerPool {
+    /// Takes an idle worker, starting one if fewer than `size` run, else waits for one. Runs
+    /// without the GIL (the caller releases it).
+    pub(crate) fn checkout(&self, launch: &Launch) -> Result<Lease, StartError> {
+        let p = &self.inner;
+        let id = {
+            let mut st = p.lock();
+            loop {
+                if let Some(w) = st.idle.pop() {
+                    return Ok(Lease {
+                        pool: Arc::clone(p),
+                        worker: Some(w),
+                    });
+                }
+                if st.live < p.size {
+                    st.live += 1;
+                    st.next_id += 1;
+                    break st.next_id - 1;
+                }
+                st = p.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let started = Instant::now();
+        match Worker::start(id, launch) {
+            Ok(w) => {
+                p.started.fetch_add(1, Relaxed);
+                p.start_ns
+                    .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+                tracing::debug!(worker = id, pid = w.pid, "pyop worker started");
+                Ok(Lease {
+                    pool: Arc::clone(p),
+                    worker: Some(w),
+                })
+            }
+            Err(e) => {
+                p.lock().live -= 1;
+                p.freed.notify_one();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Lease {
+    pub(crate) fn worker(&mut self) -> &mut Worker {
+        self.worker.as_mut().expect("a leased worker")
+    }
+
+    /// Counts one call run in this worker.
+    pub(crate) fn count_call(&self) {
+        self.pool.calls.fetch_add(1, Relaxed);
+    }
+
+    /// The call killed or lost the worker: it is not returned, and a new one may start.
+    pub(crate) fn discard(mut self, timed_out: bool) {
+        let counter = if timed_out {
+            &self.pool.timed_out
+        } else {
+            &self.pool.lost
+        };
+        counter.fetch_add(1, Relaxed);
+        let w = self.worker.take();
+        drop(w);
+        self.pool.lock().live -= 1;
+        self.pool.freed.notify_one();
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            self.pool.lock().idle.push(w);
+            self.pool.freed.notify_one();
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Frames on the socket to a worker: a 4-byte little-endian length, then the frame. Requests are
+//! JSON (with file descriptors attached to their first bytes when an arena changes); replies are
+//! a JSON header and a pickle (see `worker.py`).
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+/// Why no reply came.
+#[derive(Debug)]
+pub(crate) enum RecvError {
+    /// The deadline passed first.
+    TimedOut,
+    /// The worker closed its end: it exited or was killed.
+    Closed,
+    Io(std::io::Error),
+}
+
+/// Sends one frame, with `fds` attached.
+pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let len = u32::try_from(frame.len())
+        .map_err(|_| std::io::Error::other("a request frame over 4 GiB"))?
+        .to_le_bytes();
+    let mut sent = 0usize;
+    if !fds.is_empty() {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(fds)), "room for two descriptors");
+        let iov = [IoSlice::new(&len), IoSlice::new(frame)];
+        sent = rustix::net::sendmsg(sock.as_fd(), &iov, &mut control, SendFlags::NOSIGNAL)?;
+    }
+    let mut rest: Vec<&[u8]> = Vec::new();
+    let (a, b) = (&len[..], frame);
+    if sent < a.len() {
+        rest.push(&a[sent..]);
+        rest.push(b);
+    } else {
+        rest.push(&b[sent - a.len()..]);
+    }
+    let mut w = sock;
+    for part in rest {
+        w.write_all(part)?;
+    }
+    Ok(())
+}
+
+/// Waits for one frame until `deadline`.
+pub(crate) fn recv(sock: &UnixStream, deadline: Option<Instant>) -> Result<Vec<u8>, RecvError> {
+    wait_readable(sock, deadline)?;
+    let mut len = [0u8; 4];
+    read_exact(sock, &mut len)?;
+    let mut frame = vec![0u8; u32::from_le_bytes(len) as usize];
+    read_exact(sock, &mut frame)?;
+    Ok(frame)
+}
+
+fn read_exact(mut sock: &UnixStream, buf: &mut [u8]) -> Result<(), RecvError> {
+    sock.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+            RecvError::Closed
+        }
+        _ => RecvError::Io(e),
+    })
+}
+
+fn wait_readable(sock: &UnixStream, deadline: Option<Instant>) -> Result<(), RecvError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    loop {
+        let timeout = match deadline {
+            None => None,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(RecvError::TimedOut);
+                }
+                Some(Timespec {
+                    tv_sec: left.as_secs() as i64,
+                    tv_nsec: i64::from(left.subsec_nanos()),
+                })
+            }
+        };
+        let mut fds = [PollFd::new(sock, PollFlags::IN)];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => continue, // the deadline check above ends the loop
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(RecvError::Io(e.into())),
+        }
+    }
+}
+
+/// A reply split into its JSON header and its pickle.
+pub(crate) fn split_reply(frame: Vec<u8>) -> std::io::Result<(serde_json::Value, Vec<u8>)> {
+    let bad = || std::io::Error::other("a malformed reply from a worker");
+    let hlen = u32::from_le_bytes(frame.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?)
+        as usize;
+    let header = frame.get(4..4 + hlen).ok_or_else(bad)?;
+    let header: serde_json::Value = serde_json::from_slice(header).map_err(|_| bad())?;
+    let payload = frame[4 + hlen..].to_vec();
+    Ok((header, payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_with_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let arena = super::super::arena::Arena::with_room_for(1).unwrap();
+        send(&a, b"{\"op\":\"ping\"}", &[arena.fd()]).unwrap();
+        send(&a, b"second", &[]).unwrap();
+        // The receiving side reads frames as worker.py does (the descriptor is discarded here).
+        assert_eq!(recv(&b, None).unwrap(), b"{\"op\":\"ping\"}");
+        assert_eq!(recv(&b, None).unwrap(), b"second");
+        let deadline = Instant::now() + std::time::Duration::from_millis(20);
+        assert!(matches!(recv(&b, Some(deadline)), Err(RecvError::TimedOut)));
+        drop(a);
+        assert!(matches!(recv(&b, None), Err(RecvError::Closed)));
+    }
+
+    #[test]
+    fn replies_split_into_header_and_pickle() {
+        let mut frame = 7u32.to_le_bytes().to_vec();
+        frame.extend_from_slice(b"{\"s\":1}");
+        frame.extend_from_slice(b"PICKLE");
+        let (h, p) = split_reply(frame).unwrap();
+        assert_eq!(h["s"], 1);
+        assert_eq!(p, b"PICKLE");
+        assert!(split_reply(vec![9, 0, 0, 0, b'{']).is_err());
+    }
+}

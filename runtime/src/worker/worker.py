@@ -1,0 +1,381 @@
+# The main loop of a pyop worker process (`runtime/src/worker/`). The parent starts
+# `python -c <bootstrap>`, which reads this file's text from fd 3 and runs it under the file
+# name `<pyop>` (its frames are left out of tracebacks, as in the program itself).
+#
+# Wire format, both ways: a 4-byte little-endian length, then the frame. Parent -> worker: JSON,
+# possibly with file descriptors (SCM_RIGHTS) attached to its first bytes. Worker -> parent: a
+# 4-byte little-endian header length, a JSON header, then a pickle (protocol 5) whose large
+# buffers live in shared memory, named by the header's "bufs": [arena, offset, length] with arena
+# 0 the input arena and 1 the result arena.
+#
+# The arenas are memfds the parent creates and sends: inputs (and `out` buffers) are written by
+# the parent into the input arena; results the body made are copied once into the result arena;
+# a result that is an input (or a view of one) is named where it is, not copied.
+
+import json
+import linecache
+import mmap
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+import types
+
+_SOCK = socket.socket(fileno=3)
+_PYOP = "<pyop>"
+_ALIGN = 64
+
+
+def _exit_quietly():
+    # The parent went away or closed the pool: nothing is left to serve.
+    os._exit(0)
+
+
+def _recv_exact(n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = _SOCK.recv_into(view[got:])
+        if k == 0:
+            _exit_quietly()
+        got += k
+    return buf
+
+
+def _recv_frame():
+    try:
+        head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
+    except (ConnectionResetError, OSError):
+        _exit_quietly()
+    if not head:
+        _exit_quietly()
+    if len(head) < 4:
+        head += _recv_exact(4 - len(head))
+    n = int.from_bytes(head, "little")
+    return json.loads(_recv_exact(n)), fds
+
+
+def _send(header, payload=b""):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    body = len(h).to_bytes(4, "little") + h + payload
+    _SOCK.sendall(len(body).to_bytes(4, "little") + body)
+
+
+class _Arena:
+    """A memfd mapped shared, read-write (the parent's input or result arena)."""
+
+    def __init__(self, fd, size):
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        os.close(fd)
+        self.size = size
+        self.view = memoryview(self.map)
+        # The mapping's address, to tell whether a result's buffer lies inside it.
+        self.addr = _np.frombuffer(self.map, dtype=_np.uint8, count=1).__array_interface__["data"][0]
+
+
+_arenas = [None, None]
+_modules = {}  # key -> module, or the exception that loading it raised
+_np = None
+
+
+def _install_arena(which, fds, size):
+    # The old mapping is not closed: an array a body kept may still view it; it goes when the
+    # last such array does.
+    _arenas[which] = _Arena(fds[0], size)
+
+
+# --- loading bodies ---------------------------------------------------------------------------
+
+def _cache_lines(filename, text, first_line):
+    lines = text.splitlines(keepends=True)
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+
+def _load(msg):
+    key = msg["key"]
+    kind = msg["kind"]
+    try:
+        if kind == "module":
+            import importlib
+            module = importlib.import_module(msg["name"])
+        elif kind == "package":
+            _install_package(msg["name"], msg["root"], msg["files"], True)
+            import importlib
+            module = importlib.import_module(msg["module"])
+        else:
+            text = msg["text"]
+            filename = msg["filename"]
+            first = msg.get("first_line", 1)
+            if first > 1:
+                text = "\n" * (first - 1) + text
+            module = types.ModuleType("pyop_body_" + msg["op_name"])
+            module.__file__ = filename
+            if kind == "code":
+                _cache_lines(filename, text, first)
+            exec(compile(text, filename, "exec"), module.__dict__)
+        _modules[key] = module
+    except BaseException as e:  # noqa: BLE001 - reported to the parent with the first call
+        _modules[key] = e
+
+
+# --- arguments --------------------------------------------------------------------------------
+
+def _decode(v, views):
+    if type(v) is dict:
+        if "t" in v:
+            off, dtype, shape = v["t"]
+            a = _view(views, off, dtype, shape, _count(shape))
+            a.flags.writeable = False
+            return a
+        if "u" in v:
+            return tuple(_decode(x, views) for x in v["u"])
+        if "f" in v:
+            return float(v["f"])
+        raise ValueError("pyop worker: unknown argument encoding " + repr(v))
+    if type(v) is list:
+        return [_decode(x, views) for x in v]
+    return v
+
+
+def _view(views, off, dtype, shape, count):
+    if count == 0:
+        return _np.empty(shape, dtype=dtype)
+    return _np.frombuffer(views.region, dtype=dtype, count=count, offset=off).reshape(shape)
+
+
+class _Views:
+    """The per-call window on the input arena every input and `out` view is made from, so that
+    whether the body kept one is known (`release` fails while an array exported from it lives)."""
+
+    def __init__(self):
+        self.region = _arenas[0].view[:]
+
+    def retained(self):
+        try:
+            self.region.release()
+            return False
+        except BufferError:
+            return True
+
+
+# --- results ----------------------------------------------------------------------------------
+
+# Values sent as they are.
+_PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
+          slice, range, type(None))
+# Where the classes and functions a pickle names by reference may come from (NumPy's
+# reconstructors, builtin types): what the program's unpickler accepts.
+_NAMED_FROM = ("numpy", "builtins", "copyreg", "_codecs")
+
+
+def _standin(qualname, module):  # replaced in the parent by a class of this name
+    raise RuntimeError("pyop worker stand-in")
+
+
+_glue = types.ModuleType("_pyop_worker")
+_glue.standin = _standin
+_standin.__module__ = "_pyop_worker"
+_standin.__qualname__ = "standin"
+sys.modules["_pyop_worker"] = _glue
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles what the output check needs: NumPy arrays and scalars, numbers, strings, lists
+    and tuples. Anything else becomes a stand-in of the same type name, which the parent's check
+    describes as it would the object itself (and refuses as the in-process check would)."""
+
+    def reducer_override(self, obj):
+        t = type(obj)
+        if t in _PLAIN or obj is _standin:
+            return NotImplemented
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            home = (getattr(obj, "__module__", "") or "").split(".")[0]
+            if home in _NAMED_FROM:
+                return NotImplemented
+        module = getattr(t, "__module__", "") or ""
+        if module.split(".")[0] == "numpy":
+            return NotImplemented
+        return (_standin, (t.__qualname__, module))
+
+
+def _encode(value):
+    """Pickles `value` with its large buffers out of band: each is named where it lies in the
+    input arena, or copied into the result arena."""
+    import io
+
+    buffers = []
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(value)
+    payload = f.getvalue()
+    placed = []
+    to_copy = []
+    need = 0
+    inp = _arenas[0]
+    for pb in buffers:
+        raw = pb.raw()
+        n = raw.nbytes
+        addr = _np.frombuffer(raw, dtype=_np.uint8).__array_interface__["data"][0] if n else 0
+        if n and inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
+            placed.append([0, addr - inp.addr, n])
+        else:
+            off = (need + _ALIGN - 1) // _ALIGN * _ALIGN
+            placed.append([1, off, n])
+            to_copy.append((off, raw))
+            need = off + n
+    return payload, placed, to_copy, need
+
+
+def _exception_info(e, phase):
+    t = type(e)
+    bases = [c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)]
+    try:
+        message = str(e)
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
+        try:
+            message = repr(e)
+        except BaseException:  # noqa: BLE001
+            message = ""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
+    tb = "".join(traceback.format_list(frames))
+    info = {
+        "type": t.__name__,
+        "module": t.__module__,
+        "bases": bases,
+        "message": message,
+        "traceback": ("Traceback (most recent call last):\n" + tb) if tb else "",
+        "phase": phase,
+    }
+    if isinstance(e, SyntaxError):
+        info["syntax_msg"] = e.msg
+        lines = traceback.format_exception_only(e)
+        info["syntax_location"] = "".join(lines[:-1])
+    if isinstance(e, ImportError):
+        info["name"] = e.name
+    return info
+
+
+def _call(msg, fds):
+    module = _modules.get(msg["key"])
+    if isinstance(module, BaseException):
+        _send({"s": "err", "exc": _exception_info(module, "load")})
+        return
+    views = _Views()
+    result, err, returned_out = _run(module, msg, views)
+    if err is not None:
+        # The traceback (and with it the body's frames) is gone by now.
+        _send({"s": "err", "exc": err, "retained": views.retained()})
+        return
+    # Whether the body kept an input or `out` view (in module state, a closure, ...): the parent
+    # then gives the next call a fresh input arena, so what the body kept never changes under it.
+    # A result named in the input arena is read by the parent before anything writes there again.
+    try:
+        payload, placed, to_copy, need = _encode(result)
+    except BaseException as e:  # noqa: BLE001 - a result that cannot be pickled
+        err = _exception_info(e, "result")
+    del result
+    retained = views.retained()
+    if err is not None:
+        _send({"s": "err", "exc": err, "retained": retained})
+        return
+    res = _arenas[1]
+    if need > (res.size if res is not None else 0):
+        _send({"s": "need", "need": need})
+        nxt, nfds = _recv_frame()
+        _install_arena(1, nfds, nxt["size"])
+        res = _arenas[1]
+    for off, raw in to_copy:
+        res.view[off:off + raw.nbytes] = raw
+    del to_copy
+    _send({"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}, payload)
+
+
+def _run(module, msg, views):
+    """Calls the body; returns (result, exception info or None, whether it returned `out`)."""
+    try:
+        args = _decode(msg["args"], views)
+        kwargs = {}
+        outs = msg.get("out")
+        if outs is not None:
+            arrays = [_view(views, off, dtype, shape, _count(shape)) for off, dtype, shape in outs]
+            kwargs["out"] = arrays[0] if len(arrays) == 1 else tuple(arrays)
+        f = getattr(module, msg["fn"])
+        result = f(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - every exception goes back to the parent
+        return None, _exception_info(e, "call"), False
+    if outs is not None and (result is None or result is kwargs["out"]):
+        return None, None, True
+    return result, None, False
+
+
+def _count(shape):
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _ping(msg):
+    module = _modules.get(msg.get("key")) if msg.get("key") else None
+    if isinstance(module, BaseException):
+        _send({"s": "err", "exc": _exception_info(module, "load")})
+        return
+    missing = [name for name in msg.get("fns", []) if not callable(getattr(module, name, None))]
+    _send({"s": "ok", "missing": missing, "pid": os.getpid()})
+
+
+def _main():
+    global _np
+    # Ctrl-C in a terminal is the program's to handle; the worker is in its own process group,
+    # but a body's own signal handling should not see it either.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init, _ = _recv_frame()
+    sys.path[:] = init["sys_path"]
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except Exception:  # noqa: BLE001 - a replaced stream
+            pass
+    ns = {}
+    exec(compile(init["importer"], _PYOP, "exec"), ns)
+    global _install_package
+    _install_package = ns["_install_package"]
+    try:
+        import numpy
+    except BaseException as e:  # noqa: BLE001
+        _send({"s": "err", "exc": _exception_info(e, "start")})
+        return
+    _np = numpy
+    # A stub `pyop` module: the program's own (exposed Rust functions, nested ops, pyop.Tensor)
+    # lives in the program, not here.
+    stub = types.ModuleType("pyop")
+
+    def _missing(name):
+        raise ImportError(
+            "pyop." + name + " is not available in a worker process: the pyop module (exposed Rust "
+            "functions, nested ops, pyop.Tensor) lives in the program; run this op in-process "
+            "(without `workers`) to use it", name="pyop")
+
+    stub.__getattr__ = _missing
+    sys.modules["pyop"] = stub
+    _send({"s": "ok", "pid": os.getpid(), "python": sys.version.split()[0], "numpy": numpy.__version__})
+    while True:
+        msg, fds = _recv_frame()
+        op = msg["op"]
+        if op == "call":
+            _call(msg, fds)
+        elif op == "arena":
+            _install_arena(msg["which"], fds, msg["size"])
+        elif op == "load":
+            _load(msg)
+        elif op == "ping":
+            _ping(msg)
+        elif op == "exit":
+            _exit_quietly()
+
+
+_install_package = None
+_main()
