@@ -1,20 +1,569 @@
-//! Numpy-mode ops run in worker processes.
+//! Numpy-mode ops in worker processes: the same tables as in the program, crashes, hangs and
+//! kills that fail only their call, nothing left behind, gradients, `out`, many threads.
 
-use pyop::candle::{DType, Device, Tensor};
-use pyop::{Arg, OutSpec, PyOp, WorkerPool};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use pyop::candle::{DType, Device, Tensor, Var};
+use pyop::{py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, WorkerPool};
+
+mod common;
+use common::{cpu, tables, within};
+
+/// The tests of this file run one at a time: some count the program's shared-memory mappings and
+/// descriptors, which another test's pool would change.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One pool of two workers for the table tests: every op gets its own module in it.
+fn table_pool() -> &'static WorkerPool {
+    static POOL: OnceLock<WorkerPool> = OnceLock::new();
+    POOL.get_or_init(|| WorkerPool::new(2))
+}
+
+fn worker_op(pool: &WorkerPool, name: &str, code: &str, tout: &[OutSpec]) -> PyOp {
+    PyOp::builder(name)
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .pool(pool)
+        .tout(tout.iter().cloned())
+        .build()
+        .unwrap()
+}
+
+fn in_workers(code: &str, tout: &[OutSpec]) -> PyOp {
+    worker_op(table_pool(), "rule", code, tout)
+}
+
+// --- the same tables as in the program ---
 
 #[test]
-fn smoke() {
+fn outputs_follow_one_rule_table_in_workers() {
+    let _s = serial();
+    tables::outputs_follow_one_rule_table(&in_workers);
+}
+
+#[test]
+fn wrong_outputs_are_errors_naming_op_and_index_in_workers() {
+    let _s = serial();
+    tables::wrong_outputs_are_errors_naming_op_and_index(&in_workers);
+    // A value of a class the body defines arrives as a stand-in of the same name, refused as the
+    // program would refuse the object itself.
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let err = in_workers(
+        "class Box:\n    pass\ndef f(x): return Box()",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(err.to_string().contains("got a value of type `Box`"), "{err}");
+    let err = in_workers("def f(x): return lambda: 1", &[OutSpec::new(DType::F32)])
+        .call(&[Arg::from(&x)])
+        .unwrap_err();
+    assert!(err.to_string().contains("got a value of type `function`"), "{err}");
+}
+
+#[test]
+fn python_exceptions_keep_kind_message_and_traceback_in_workers() {
+    let _s = serial();
+    tables::python_exceptions_keep_kind_message_and_traceback(&in_workers);
+    // A class of the body's own keeps its name and the kind of its builtin base.
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let err = in_workers(
+        "class Bad(ValueError):\n    pass\ndef f(x):\n    raise Bad('no')",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("Bad: no"), "{err}");
+    // A missing package names the environment and the fix, as in the program.
+    let err = in_workers(
+        "def f(x):\n    import no_such_package_xyz\n    return x",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert!(err.to_string().contains("ModuleNotFoundError"), "{err}");
+    assert!(err.to_string().contains("pip install no_such_package_xyz"), "{err}");
+}
+
+#[test]
+fn every_argument_kind_reaches_the_worker() {
+    let _s = serial();
+    let op = worker_op(
+        table_pool(),
+        "kinds",
+        "def f(x, ts, a, b, c, s, fs, n, none, big, nan):\n    \
+         assert x.flags.writeable is False\n    \
+         assert isinstance(ts, list) and len(ts) == 2\n    \
+         assert (a, b, c, s) == (2.5, -3, True, 'hé') and type(a) is float and type(b) is int\n    \
+         assert fs == [0.5, 1.0] and type(fs[1]) is float and n == [1, 2]\n    \
+         assert none is None and big == 2**64 - 1 and nan != nan\n    \
+         return x.sum() + ts[0].sum() + ts[1].sum()",
+        &[OutSpec::new(DType::F64)],
+    );
+    let x = Tensor::new(&[[1f64, 2.], [3., 4.]], &cpu()).unwrap();
+    // A non-contiguous view and an empty tensor arrive with correct values.
+    let t = x.t().unwrap();
+    let empty = Tensor::zeros(0, DType::F64, &cpu()).unwrap();
+    let ts = [t.clone(), empty];
+    let y = op
+        .call(&[
+            Arg::from(&x),
+            Arg::from(&ts[..]),
+            Arg::from(2.5),
+            Arg::from(-3i64),
+            Arg::Bool(true),
+            Arg::Str("hé"),
+            Arg::F64s(&[0.5, 1.0]),
+            Arg::I64s(&[1, 2]),
+            Arg::None,
+            Arg::from(u64::MAX),
+            Arg::from(f64::NAN),
+        ])
+        .unwrap();
+    assert_eq!(y[0].to_scalar::<f64>().unwrap(), 20.0);
+}
+
+#[test]
+fn an_input_returned_as_is_comes_back_exactly() {
+    let _s = serial();
+    let op = worker_op(table_pool(), "ident", "def f(x): return x", &[OutSpec::new(DType::F32)]);
+    for n in [1usize, 1000, 1 << 20] {
+        let x = Tensor::arange(0u32, n as u32, &cpu())
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let y = op.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+    }
+}
+
+// --- out, gradients, module state, kept views ---
+
+#[test]
+fn out_buffers_in_workers() {
+    let _s = serial();
     let pool = WorkerPool::new(1);
-    let op = PyOp::builder("plus1")
-        .code("import numpy as np\ndef plus1(x, k):\n    return x + k")
+    let op = PyOp::builder("plus_out")
+        .code("import numpy as np\ndef plus_out(x, out):\n    np.add(x, 1, out=out)")
+        .numpy()
+        .pool(&pool)
+        .tout([OutSpec::like(DType::F32, 0)])
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    let y = op.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+    // Returning something else than None or `out` is the same error as in the program.
+    let bad = PyOp::builder("bad_out")
+        .code("def bad_out(x, out):\n    return 5")
+        .numpy()
+        .pool(&pool)
+        .tout([OutSpec::like(DType::F32, 0)])
+        .build()
+        .unwrap();
+    let err = bad.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(err.to_string().contains("returns None (or `out`), got a value of type `int`"), "{err}");
+}
+
+#[py_op(code = r#"
+import numpy as np
+
+def cube(x):
+    return x ** 3
+
+def cube_grad(inputs, outputs, grads):
+    import os
+    (x,), (g,) = inputs, grads
+    # The gradient runs in a worker too: record where.
+    cube_grad.pid = os.getpid()
+    return 3 * x ** 2 * g
+"#, numpy, workers = 1, grad = "cube_grad", tout = f64)]
+fn cube(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn python_gradients_run_in_workers() {
+    let _s = serial();
+    let x = Var::new(&[1f64, -2., 0.5], &cpu()).unwrap();
+    let y = cube(x.as_tensor()).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [1., -8., 0.125]);
+    let grads = y.sum_all().unwrap().backward().unwrap();
+    let g = grads.get(x.as_tensor()).unwrap();
+    assert_eq!(g.to_vec1::<f64>().unwrap(), [3., 12., 0.75]);
+    // A forward and a gradient call, both in the worker.
+    let op = pyop::registered_op("cube").unwrap().get().unwrap();
+    assert_eq!(op.stats().calls, 2);
+    assert!(op.stats().worker_time > Duration::ZERO);
+}
+
+#[test]
+fn module_state_is_per_worker_and_kept_views_stay_valid() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "keeper",
+        "kept = []\ndef f(x):\n    kept.append(x)\n    return np.array([len(kept), kept[0].sum()], np.float64)",
+        &[OutSpec::new(DType::F64)],
+    );
+    let a = Tensor::new(&[1f64, 2.], &cpu()).unwrap();
+    let b = Tensor::new(&[10f64, 20.], &cpu()).unwrap();
+    assert_eq!(op.call(&[Arg::from(&a)]).unwrap()[0].to_vec1::<f64>().unwrap(), [1., 3.]);
+    // The first call's input, kept by the body, still reads the first call's values.
+    assert_eq!(op.call(&[Arg::from(&b)]).unwrap()[0].to_vec1::<f64>().unwrap(), [2., 3.]);
+    assert_eq!(op.call(&[Arg::from(&b)]).unwrap()[0].to_vec1::<f64>().unwrap(), [3., 3.]);
+}
+
+// --- crashes, hangs, kills: only the call fails, nothing is left ---
+
+fn alive(pid: u32) -> bool {
+    // A reaped process has no /proc entry; a zombie's state is Z.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        }
+    }
+}
+
+fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The program's shared-memory arenas: mappings and open descriptors.
+fn arenas_here() -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mapped = maps.lines().filter(|l| l.contains("pyop-worker-arena")).count();
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.to_string_lossy().contains("pyop-worker-arena"))
+        .count();
+    mapped + fds
+}
+
+fn dev_shm() -> usize {
+    std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn crashes_exits_and_hangs_fail_only_their_call() {
+    let _s = serial();
+    let shm_before = dev_shm();
+    let arenas_before = arenas_here();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "fragile",
+        "import ctypes, os, time\n\
+         def f(x, how):\n    \
+         if how == 'segfault':\n        ctypes.string_at(0)\n    \
+         if how == 'exit':\n        os._exit(3)\n    \
+         if how == 'sleep':\n        time.sleep(30)\n    \
+         if how == 'numpy':\n        np.linalg.svd(np.ones((3000, 3000)))\n    \
+         if how == 'spin':\n        while True: pass\n    \
+         return x + 1",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let call = |how: &str, limit: Option<u64>| {
+        let mut options = CallOptions::new();
+        if let Some(ms) = limit {
+            options = options.timeout(Duration::from_millis(ms));
+        }
+        op.call_with(&[Arg::from(&x), Arg::Str(how)], &options)
+    };
+    let mut pids = Vec::new();
+    for (how, limit, kind, says) in [
+        ("segfault", None, ErrorKind::WorkerLost, "was killed by signal 11 (SIGSEGV)"),
+        ("exit", None, ErrorKind::WorkerLost, "exited with status 3"),
+        ("sleep", Some(300), ErrorKind::Timeout, "ran past its time limit of 300ms"),
+        ("numpy", Some(300), ErrorKind::Timeout, "was killed"),
+        ("spin", Some(300), ErrorKind::Timeout, "was killed"),
+    ] {
+        // The worker that will run this call.
+        assert_eq!(call("ok", None).unwrap()[0].to_vec1::<f32>().unwrap(), [2.]);
+        pids.extend(pool.idle_pids());
+        let started = Instant::now();
+        let err = call(how, limit).unwrap_err();
+        assert_eq!(err.kind(), kind, "{how}: {err}");
+        assert_eq!(err.op(), Some("fragile"));
+        assert!(err.to_string().contains(says), "{how}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{how} took {:?}", started.elapsed());
+        // The next call succeeds, in a new worker.
+        assert_eq!(call("ok", None).unwrap()[0].to_vec1::<f32>().unwrap(), [2.]);
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.lost, stats.timed_out), (2, 3), "{stats:?}");
+    assert_eq!(stats.started, 6, "{stats:?}");
+    pids.extend(pool.idle_pids());
+    // Dead workers were reaped (no zombies), and ending the pool ends the last one.
+    drop(op);
+    drop(pool);
+    for pid in &pids {
+        assert!(!exists(*pid), "worker {pid} is still in the process table");
+    }
+    assert_eq!(arenas_here(), arenas_before, "shared memory left mapped or open");
+    assert_eq!(dev_shm(), shm_before, "something was left in /dev/shm");
+}
+
+#[test]
+fn dropping_the_pool_ends_its_workers_and_frees_shared_memory() {
+    let _s = serial();
+    let arenas_before = arenas_here();
+    let pool = WorkerPool::new(2);
+    let op = worker_op(&pool, "two", "def f(x): return x * 2", &[OutSpec::new(DType::F32)]);
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    op.call(&[Arg::from(&x)]).unwrap();
+                }
+            });
+        }
+    });
+    let pids = pool.idle_pids();
+    assert!(!pids.is_empty());
+    assert!(pids.iter().all(|p| alive(*p)));
+    assert!(arenas_here() > arenas_before);
+    drop(op);
+    // The op held the pool too: the workers end with the last holder.
+    assert!(pids.iter().all(|p| alive(*p)));
+    drop(pool);
+    assert!(pids.iter().all(|p| !exists(*p)), "{pids:?}");
+    assert_eq!(arenas_here(), arenas_before);
+}
+
+#[test]
+fn eight_threads_through_two_workers_get_exact_results() {
+    let _s = serial();
+    let pool = WorkerPool::new(2);
+    let op = worker_op(
+        &pool,
+        "affine",
+        "def f(x, k):\n    return x * k + np.arange(x.size, dtype=x.dtype)",
+        &[OutSpec::new(DType::F64)],
+    );
+    within(600, "8 threads x 1000 calls", move || {
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let op = &op;
+                s.spawn(move || {
+                    for i in 0..1000u32 {
+                        let v = f64::from(t * 1000 + i);
+                        let x = Tensor::new(&[v, v + 0.5, -v], &Device::Cpu).unwrap();
+                        let k = f64::from(i % 7);
+                        let y = op.call(&[Arg::from(&x), Arg::from(k)]).unwrap();
+                        assert_eq!(
+                            y[0].to_vec1::<f64>().unwrap(),
+                            [v * k, (v + 0.5) * k + 1., -v * k + 2.],
+                            "thread {t} call {i}"
+                        );
+                    }
+                });
+            }
+        });
+        let stats = pool.stats();
+        assert_eq!(stats.calls, 8000);
+        assert!(stats.started <= 2 && stats.lost == 0, "{stats:?}");
+        assert_eq!(op.stats().calls, 8000);
+    });
+}
+
+// --- set-up: validate(), a worker that cannot start ---
+
+#[py_op(code = "import numpy as np\ndef halve(x):\n    return x / 2", numpy, workers = 2, tout = f32)]
+fn halve(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn validate_starts_a_worker_for_declared_worker_ops() {
+    let _s = serial();
+    pyop::validate().unwrap();
+    // validate() built the op and had a worker load its body.
+    let op = pyop::registered_op("halve").unwrap().get().unwrap();
+    let pool = op.pool().expect("declared with workers = 2");
+    assert_eq!(pool.size(), 2);
+    assert!(pool.stats().started >= 1 && pool.stats().calls >= 1, "{:?}", pool.stats());
+    let x = Tensor::new(&[3f32], &cpu()).unwrap();
+    assert_eq!(halve(&x).unwrap().to_vec1::<f32>().unwrap(), [1.5]);
+}
+
+#[test]
+fn ops_that_cannot_run_in_workers_are_refused() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let err = PyOp::builder("t")
+        .code("def t(x): return x")
+        .pool(&pool)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("worker processes run numpy-mode ops only"), "{err}");
+    use pyop::interop::pyo3::prelude::*;
+    let f = Python::attach(|py| py.eval(c"lambda x: x", None, None).unwrap().unbind());
+    let err = PyOp::builder("c")
+        .callable(f)
+        .numpy()
+        .workers(1)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot run in a worker process"), "{err}");
+}
+
+/// Run by `a_worker_that_cannot_start_is_a_clear_error` in a process of its own, with
+/// `PYOP_WORKER_PYTHON` set (workers find their interpreter once per process).
+#[test]
+#[ignore = "a child process of a_worker_that_cannot_start_is_a_clear_error"]
+fn worker_start_child() {
+    let pool = WorkerPool::new(1);
+    // No NumPy import in the program: it may have none either (PYOP_PYTHON_ENV=none).
+    let op = PyOp::builder("nostart")
+        .code("def nostart(x):\n    return x")
         .numpy()
         .pool(&pool)
         .tout([OutSpec::new(DType::F32)])
         .build()
         .unwrap();
-    let x = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).unwrap();
-    let y = op.call(&[Arg::from(&x), Arg::from(1i64)]).unwrap();
-    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
-    println!("{:?} {:?}", pool.stats(), op.stats());
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let err = op.call(&[Arg::from(&x)]).unwrap_err();
+    println!("kind: {:?}", err.kind());
+    println!("error: {err}");
+    // The next call meets the same error (nothing is left half-started).
+    assert_eq!(op.call(&[Arg::from(&x)]).unwrap_err().kind(), err.kind());
+    assert_eq!(pool.stats().running, 0);
+}
+
+fn start_child(env: &[(&str, &str)]) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "worker_start_child", "--nocapture"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+#[test]
+fn a_worker_that_cannot_start_is_a_clear_error() {
+    let _s = serial();
+    let text = start_child(&[("PYOP_WORKER_PYTHON", "/nonexistent/python3")]);
+    assert!(text.contains("kind: PythonUnavailable"), "{text}");
+    assert!(text.contains("cannot start a worker: cannot start /nonexistent/python3"), "{text}");
+    let running = pyop::python_env().unwrap().running;
+    // Another Python version than the program's.
+    let other = ["3.10", "3.11", "3.12", "3.13"]
+        .into_iter()
+        .filter(|v| !running.version.starts_with(&format!("{v}.")))
+        .find_map(|v| which(&format!("python{v}")));
+    match other {
+        Some(other) => {
+            let text = start_child(&[("PYOP_WORKER_PYTHON", other.as_str())]);
+            assert!(text.contains("kind: PythonUnavailable"), "{text}");
+            assert!(text.contains("but the program embeds Python"), "{text}");
+        }
+        // A machine with one Python (the README's fresh machine) has no other version to start.
+        None => eprintln!("skipped the other-version case: no Python of another version here"),
+    }
+    // The program's own interpreter without its environment: no NumPy there. The error names
+    // the environment and the command that fixes it.
+    let text = start_child(&[("PYOP_PYTHON_ENV", "none")]);
+    assert!(text.contains("kind: PackageUnavailable"), "{text}");
+    assert!(text.contains("a worker cannot import NumPy (ModuleNotFoundError"), "{text}");
+    assert!(text.contains("PYOP_PYTHON_ENV=none"), "{text}");
+    assert!(text.contains("-m pip install numpy"), "{text}");
+}
+
+/// `name` on PATH or among pyenv's versions.
+fn which(name: &str) -> Option<String> {
+    let root = std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
+    let pyenv = std::fs::read_dir(format!("{root}/versions"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path().join("bin").join(name)));
+    // pyenv's shims on PATH only say which version has the command: skip them.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let on_path = path
+        .split(':')
+        .filter(|d| !d.contains("shims"))
+        .map(|d| std::path::Path::new(d).join(name))
+        .collect::<Vec<_>>();
+    pyenv.chain(on_path).find(|p| p.exists()).map(|p| p.display().to_string())
+}
+
+/// Run by `a_killed_program_leaves_no_workers`: starts two workers, prints their pids, waits to
+/// be killed.
+#[test]
+#[ignore = "a child process of a_killed_program_leaves_no_workers"]
+fn killed_program_child() {
+    let pool = WorkerPool::new(2);
+    let op = worker_op(
+        &pool,
+        "held",
+        "import time\ndef f(x):\n    time.sleep(0.2)\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| op.call(&[Arg::from(&x)]).unwrap());
+        }
+    });
+    // One worker busy when the program dies, one idle.
+    let idle = pool.idle_pids();
+    let busy = std::thread::spawn({
+        let op = op.clone();
+        move || {
+            let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+            let _ = op.call(&[Arg::from(&x)]);
+        }
+    });
+    println!("PIDS {}", idle.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" "));
+    std::thread::sleep(Duration::from_secs(60));
+    drop(busy);
+}
+
+#[test]
+fn a_killed_program_leaves_no_workers() {
+    let _s = serial();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "killed_program_child", "--nocapture"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pids: Vec<u32> = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("PIDS ") {
+            pids = rest.split(' ').map(|p| p.parse().unwrap()).collect();
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(pids.iter().all(|p| alive(*p)));
+    child.kill().unwrap(); // SIGKILL: no destructor runs
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(pids.iter().all(|p| !alive(*p)), "workers outlived their program: {pids:?}");
 }

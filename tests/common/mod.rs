@@ -1,6 +1,8 @@
 //! Helpers shared by the test files (`mod common;` in each). Not every file uses every helper.
 #![allow(dead_code)]
 
+pub mod tables;
+
 use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;

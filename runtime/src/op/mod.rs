@@ -121,6 +121,11 @@ impl PyOp {
         &self.inner.tout
     }
 
+    /// The worker pool the body runs in, if it runs in worker processes.
+    pub fn pool(&self) -> Option<&crate::worker::WorkerPool> {
+        self.inner.workers.as_ref().map(|w| &w.pool)
+    }
+
     /// Why the last hot reload of the body failed, if it did (see `PYOP_HOT_RELOAD`).
     pub fn last_reload_error(&self) -> Option<String> {
         self.inner.reload.as_ref().and_then(|r| r.last_error())

@@ -20,7 +20,7 @@ use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result};
 use crate::worker::arena::layout;
 use crate::worker::process::{Failure, Reply, Request, StartError};
-use crate::worker::{Launch, WorkerPool};
+use crate::worker::{Launch, Lease, WorkerPool};
 
 /// An op's pool and how its workers load its body.
 pub(crate) struct Workers {
@@ -127,6 +127,11 @@ fn launch(op: &str) -> Result<&'static Launch> {
             .and_then(|s| s.getattr("path"))
             .and_then(|p| p.extract())
             .map_err(|e| crate::python::errors::python_error(py, op, e))?;
+        let version: (u32, u32) = py
+            .import("sys")
+            .and_then(|s| s.getattr("version_info"))
+            .and_then(|v| Ok((v.get_item(0)?.extract()?, v.get_item(1)?.extract()?)))
+            .map_err(|e| crate::python::errors::python_error(py, op, e))?;
         let (describe, pip) = match env {
             Some(e) => (e.describe(), e.pip_install("numpy")),
             None => (String::new(), "`pip install numpy`".to_owned()),
@@ -135,6 +140,7 @@ fn launch(op: &str) -> Result<&'static Launch> {
             python,
             sys_path,
             importer: crate::body::package::IMPORTER,
+            version: [version.0, version.1],
             describe,
             pip_numpy: pip,
         })
@@ -253,11 +259,13 @@ pub(crate) struct WorkerCall<'a> {
     pub timeout: Option<Duration>,
 }
 
-/// A reply, and where its `out` buffers are.
+/// A reply, and where its `out` buffers are. It holds the worker until it is dropped: the
+/// worker's next call would overwrite the shared memory the reply's values are read from.
 pub(crate) struct Answer {
     pub reply: Reply,
     out_offsets: Vec<usize>,
     pub worker: u64,
+    _lease: Lease,
 }
 
 impl OpInner {
@@ -329,6 +337,7 @@ impl OpInner {
                     reply,
                     out_offsets: offsets[n_in..].to_vec(),
                     worker: id,
+                    _lease: lease,
                 }),
                 Err(Failure::TimedOut) => {
                     lease.discard(true);

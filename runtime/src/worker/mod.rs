@@ -26,6 +26,9 @@ pub(crate) struct Launch {
     pub python: PathBuf,
     pub sys_path: Vec<String>,
     pub importer: &'static str,
+    /// The embedded interpreter's `[major, minor]`: a worker of another version refuses to
+    /// start (the program's `sys.path` holds that version's standard library).
+    pub version: [u32; 2],
     /// The environment, for messages (`PythonEnv::describe`).
     pub describe: String,
     /// The command that installs NumPy there.

@@ -131,6 +131,7 @@ impl Worker {
         let init = serde_json::json!({
             "sys_path": launch.sys_path,
             "importer": launch.importer,
+            "version": launch.version,
         });
         let deadline = Some(Instant::now() + START_TIMEOUT);
         let sent = wire::send(&worker.sock, WORKER_PY.as_bytes(), &[])
@@ -158,6 +159,15 @@ impl Worker {
                 )));
             }
         };
+        if let Some(theirs) = header["version"].as_str() {
+            let ours = format!("{}.{}", launch.version[0], launch.version[1]);
+            return Err(StartError::Failed(format!(
+                "{} is Python {theirs}, but the program embeds Python {ours}: workers run the \
+                 program's own interpreter (unset PYOP_WORKER_PYTHON, or point it at a \
+                 python{ours})",
+                launch.python.display()
+            )));
+        }
         if header["s"] == "err" {
             let exc = &header["exc"];
             return Err(StartError::NoNumpy(format!(

@@ -127,7 +127,7 @@ def _decode(v, views):
     if type(v) is dict:
         if "t" in v:
             off, dtype, shape = v["t"]
-            a = _view(views, off, dtype, shape, _count(shape))
+            a = views.view(off, dtype, shape)
             a.flags.writeable = False
             return a
         if "u" in v:
@@ -140,25 +140,21 @@ def _decode(v, views):
     return v
 
 
-def _view(views, off, dtype, shape, count):
-    if count == 0:
-        return _np.empty(shape, dtype=dtype)
-    return _np.frombuffer(views.region, dtype=dtype, count=count, offset=off).reshape(shape)
-
-
 class _Views:
-    """The per-call window on the input arena every input and `out` view is made from, so that
-    whether the body kept one is known (`release` fails while an array exported from it lives)."""
+    """The per-call array over the input arena that every input and `out` view is a view of, so
+    that whether the body kept one is known: every view NumPy derives from them (slices,
+    reshapes, memoryviews of them) holds this array."""
 
     def __init__(self):
-        self.region = _arenas[0].view[:]
+        self.base = _np.frombuffer(_arenas[0].map, dtype=_np.uint8)
+
+    def view(self, off, dtype, shape):
+        dt = _np.dtype(dtype)
+        return self.base[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
-        try:
-            self.region.release()
-            return False
-        except BufferError:
-            return True
+        # This object's own reference and getrefcount's argument.
+        return sys.getrefcount(self.base) > 2
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -300,7 +296,7 @@ def _run(module, msg, views):
         kwargs = {}
         outs = msg.get("out")
         if outs is not None:
-            arrays = [_view(views, off, dtype, shape, _count(shape)) for off, dtype, shape in outs]
+            arrays = [views.view(off, dtype, shape) for off, dtype, shape in outs]
             kwargs["out"] = arrays[0] if len(arrays) == 1 else tuple(arrays)
         f = getattr(module, msg["fn"])
         result = f(*args, **kwargs)
@@ -333,6 +329,10 @@ def _main():
     # but a body's own signal handling should not see it either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     init, _ = _recv_frame()
+    if list(sys.version_info[:2]) != init["version"]:
+        # Another Python than the program's: its path would import the wrong standard library.
+        _send({"s": "err", "version": sys.version.split()[0]})
+        return
     sys.path[:] = init["sys_path"]
     for stream in (sys.stdout, sys.stderr):
         try:
