@@ -236,3 +236,35 @@ fn declared_ops_reload_with_pyop_hot_reload() {
         );
     }
 }
+
+#[test]
+fn an_edited_file_is_reloaded_in_workers() {
+    hot();
+    let tmp = common::TempDir::new("reload-workers");
+    let path = tmp.path().join("wbody.py");
+    std::fs::write(&path, "def wbody(x):\n    return x + 1\n").unwrap();
+    let pool = pyop::WorkerPool::new(2);
+    let op = PyOp::builder("wbody")
+        .file(&path)
+        .unwrap()
+        .numpy()
+        .pool(&pool)
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    // Both workers load the first text.
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| assert_eq!(call(&op), [2., 3.]));
+        }
+    });
+    edit(&path, "def wbody(x):\n    return x * 10\n");
+    // Every worker, whichever runs the call, runs the edited body.
+    for _ in 0..6 {
+        assert_eq!(call(&op), [10., 20.]);
+    }
+    // A broken edit keeps the last good body, in the workers too.
+    edit(&path, "def wbody(x):\n    return (x\n");
+    assert_eq!(call(&op), [10., 20.]);
+    assert!(op.last_reload_error().is_some());
+}

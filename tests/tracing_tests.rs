@@ -13,6 +13,9 @@ fn scale(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
 #[py_op(code = "def add_one(x):\n    return x + 1", numpy, tout = f32)]
 fn add_one(x: &Tensor) -> pyop::Result<Tensor>;
 
+#[py_op(code = "def in_worker(x):\n    return x - 1", numpy, workers = 1, tout = f32)]
+fn in_worker(x: &Tensor) -> pyop::Result<Tensor>;
+
 /// Records the spans opened on this thread: name and fields.
 struct SpanRecorder(std::sync::Mutex<Vec<String>>);
 
@@ -35,7 +38,12 @@ impl tracing::Subscriber for SpanRecorder {
         spans.push(format!("{}{}", attrs.metadata().name(), fields.0));
         tracing::span::Id::from_u64(spans.len() as u64)
     }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        // Fields recorded after the span opened (a worker's id), added to its line.
+        let mut fields = Fields(String::new());
+        values.record(&mut fields);
+        self.0.lock().unwrap()[id.into_u64() as usize - 1].push_str(&fields.0);
+    }
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, _: &tracing::Event<'_>) {}
     fn enter(&self, _: &tracing::span::Id) {}
@@ -49,16 +57,30 @@ fn every_call_opens_a_tracing_span() {
     tracing::dispatcher::with_default(&dispatch, || {
         scale(&scalar(1.0), 2.0).unwrap();
         add_one(&scalar(1.0)).unwrap();
+        in_worker(&scalar(1.0)).unwrap();
     });
     let spans = recorder.0.lock().unwrap().clone();
     let calls: Vec<&String> = spans
         .iter()
         .filter(|s| s.starts_with("pyop.call"))
         .collect();
-    assert_eq!(calls.len(), 2, "{spans:?}");
+    assert_eq!(calls.len(), 3, "{spans:?}");
     assert_eq!(
         calls[0], "pyop.call op=scale mode=\"numpy\" device=Cpu",
         "{spans:?}"
     );
     assert_eq!(calls[1], "pyop.call op=add_one mode=\"numpy\" device=Cpu");
+    // A call run in a worker names it, and the exchange with the worker has a span of its own.
+    assert_eq!(
+        calls[2],
+        "pyop.call op=in_worker mode=\"numpy\" device=Cpu worker=1"
+    );
+    let exchange = spans
+        .iter()
+        .find(|s| s.starts_with("pyop.worker"))
+        .expect("a pyop.worker span");
+    assert!(
+        exchange.starts_with("pyop.worker op=\"in_worker\" worker=1 pid="),
+        "{exchange}"
+    );
 }

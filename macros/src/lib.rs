@@ -56,7 +56,8 @@ use proc_macro::TokenStream;
 /// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]`; `x.dtype` (with an optional shape) and `like(x)` take a tensor parameter's dtype, and shape |
 /// | `grad = "f_grad"` | a gradient in Python, in the same source: `f_grad(inputs, outputs, grads)` |
 /// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |
-/// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`) |
+/// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`); in a worker, any body (the worker is killed) |
+/// | `workers = 4` | numpy mode only: run the body (and a Python gradient) in a pool of 4 Python worker processes of the op's own (`pyop::WorkerPool`): parallel beyond the GIL, a crash fails only its call (`ErrorKind::WorkerLost`) |
 /// | `crate = "my::pyop"` | where the generated code finds pyop, for crates that re-export it |
 ///
 /// One of `file`, `code`, `package` and `module` is required (`module` may also pick a module

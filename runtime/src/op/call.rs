@@ -77,7 +77,9 @@ impl PyOp {
         };
         let timeout = options.timeout.or(op.timeout);
         let outputs = match &op.workers {
-            Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout)?,
+            Some(workers) => {
+                op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?
+            }
             None => op.run_python(&device, |py| {
                 op.run_body(py, args, &prepared, &device, timeout)
             })?,
@@ -127,6 +129,7 @@ impl OpInner {
         prepared: &[Prepared],
         device: &Device,
         timeout: Option<Duration>,
+        span: &tracing::Span,
     ) -> Result<Vec<Tensor>> {
         let op = self;
         let tout = op.failed_before_python(OutSpec::resolve(&op.tout, args).map_err(|msg| {
@@ -150,7 +153,7 @@ impl OpInner {
             },
         ))?;
         op.counters.record_worker(started.elapsed());
-        tracing::Span::current().record("worker", answer.worker);
+        span.record("worker", answer.worker);
         op.run_python(device, |py| {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
             let check = OutputCheck {
