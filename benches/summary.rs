@@ -33,6 +33,18 @@ fn numpy_plus1rev(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "import numpy as np\ndef plus1(x):\n    y = np.empty(x.nbytes + 1, np.uint8)[1:].view(np.float32)\n    return np.add(x, np.float32(1), out=y)", name = "plus1", numpy, tout = f32[x])]
 fn numpy_plus1unaligned(x: &Tensor) -> pyop::Result<Tensor>;
 
+#[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, workers = 1, tout = f32)]
+fn worker_ident(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// A Python-bound body of about 1 ms (a Python loop): what a tokeniser or a parser costs.
+const PYLOOP: &str = "def pyloop(x, n):\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return x + (s % 2)";
+
+#[py_op(code = PYLOOP, name = "pyloop", numpy, tout = f32)]
+fn pyloop_in_process(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+
+#[py_op(code = PYLOOP, name = "pyloop", numpy, workers = 2, tout = f32)]
+fn pyloop_workers(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def ident(x):\n    return x", name = "ident", tout = f32)]
 fn tensor_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -275,6 +287,74 @@ fn threads_call(threads: usize, calls: usize) -> Duration {
     )
 }
 
+/// Time per call, as seen by total throughput, with `threads` Rust threads calling the ~1 ms
+/// Python loop `f`.
+fn pyloop_threads(
+    threads: usize,
+    calls: usize,
+    iters: usize,
+    f: fn(&Tensor, usize) -> pyop::Result<Tensor>,
+) -> Duration {
+    let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| f(&x, iters).unwrap());
+        }
+    });
+    median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            for _ in 0..calls {
+                                f(&x, iters).unwrap();
+                            }
+                        });
+                    }
+                });
+                t.elapsed() / (threads * calls) as u32
+            })
+            .collect(),
+    )
+}
+
+/// Loop iterations that make `pyloop` take about 1 ms here, in the program.
+fn pyloop_iters() -> usize {
+    let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
+    let n = 20_000;
+    pyloop_in_process(&x, n).unwrap();
+    let t = Instant::now();
+    for _ in 0..5 {
+        pyloop_in_process(&x, n).unwrap();
+    }
+    let per = t.elapsed() / 5;
+    ((n as f64) * 1e-3 / per.as_secs_f64()).round().max(1.0) as usize
+}
+
+/// How long a worker takes to start (its interpreter and NumPy, until ready), the median of
+/// REPS fresh pools.
+fn worker_start() -> Duration {
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    median(
+        (0..reps())
+            .map(|_| {
+                let pool = pyop::WorkerPool::new(1);
+                let op = PyOp::builder("start")
+                    .code("def start(x):\n    return x")
+                    .numpy()
+                    .pool(&pool)
+                    .tout([OutSpec::new(DType::F32)])
+                    .build()
+                    .unwrap();
+                op.call(&[Arg::from(&x)]).unwrap();
+                pool.stats().start_time
+            })
+            .collect(),
+    )
+}
+
 fn main() {
     pyop::validate().expect("the benchmarked ops are declared right");
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag: keep
@@ -325,6 +405,11 @@ fn main() {
             report_faults(&format!("python_plus1_{size}"), n, || python_plus1(size, n));
             if x.device().is_cpu() {
                 report_faults(&format!("memcpy_{size}"), n, || memcpy(n, &x));
+                // A worker round trip: the input written into shared memory, returned as is
+                // (named in place, not copied back), copied once into the output.
+                report_faults(&format!("worker_ident_{size}"), n, || {
+                    chained(n, &x, worker_ident)
+                });
             }
             // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
             report(
@@ -341,6 +426,27 @@ fn main() {
     let calls = if quick { 2 } else { 100 };
     report("threads1_call", threads_call(1, calls));
     report("threads2_call", threads_call(2, calls));
+    // Python-bound bodies (~1 ms of Python loop) from 2 threads: in the program they take turns
+    // on the GIL; in 2 workers they run side by side.
+    let iters = if quick { 100 } else { pyloop_iters() };
+    let calls = if quick { 2 } else { 100 };
+    report("worker_start", worker_start());
+    report(
+        "pyloop_inprocess_1thread",
+        pyloop_threads(1, calls, iters, pyloop_in_process),
+    );
+    report(
+        "pyloop_inprocess_2threads",
+        pyloop_threads(2, calls, iters, pyloop_in_process),
+    );
+    report(
+        "pyloop_workers2_1thread",
+        pyloop_threads(1, calls, iters, pyloop_workers),
+    );
+    report(
+        "pyloop_workers2_2threads",
+        pyloop_threads(2, calls, iters, pyloop_workers),
+    );
     let calls = if quick { 2 } else { 50 };
     report("timeout_late_idle", timeout_latency(0, calls));
     report("timeout_late_busy4", timeout_latency(4, calls));

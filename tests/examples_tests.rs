@@ -159,3 +159,18 @@ fn threads_example_counts_every_call() {
     assert_eq!(row("norm")[1..3], ["16000", "0"], "{out}");
     assert_eq!(row("checked")[1..3], ["16000", "1000"], "{out}");
 }
+
+#[test]
+fn workers_example_runs_the_op_in_both_places() {
+    let out = example("workers");
+    assert!(
+        out.starts_with("4 threads x 50 calls, 256 rows each\n"),
+        "{out}"
+    );
+    assert!(out.contains("in-process "), "{out}");
+    assert!(out.contains("2 workers "), "{out}");
+    // Every call (and the warm-up) ran in the pool, none was lost.
+    assert!(out.contains("pool: size 2, started 2 "), "{out}");
+    assert!(out.contains("calls 201, lost 0, timed out 0"), "{out}");
+    assert!(out.contains("op tokenize_w: calls 201, errors 0"), "{out}");
+}

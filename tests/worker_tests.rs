@@ -62,11 +62,17 @@ fn wrong_outputs_are_errors_naming_op_and_index_in_workers() {
     .call(&[Arg::from(&x)])
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutputMismatch);
-    assert!(err.to_string().contains("got a value of type `Box`"), "{err}");
+    assert!(
+        err.to_string().contains("got a value of type `Box`"),
+        "{err}"
+    );
     let err = in_workers("def f(x): return lambda: 1", &[OutSpec::new(DType::F32)])
         .call(&[Arg::from(&x)])
         .unwrap_err();
-    assert!(err.to_string().contains("got a value of type `function`"), "{err}");
+    assert!(
+        err.to_string().contains("got a value of type `function`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -91,7 +97,10 @@ fn python_exceptions_keep_kind_message_and_traceback_in_workers() {
     .call(&[Arg::from(&x)])
     .unwrap_err();
     assert!(err.to_string().contains("ModuleNotFoundError"), "{err}");
-    assert!(err.to_string().contains("pip install no_such_package_xyz"), "{err}");
+    assert!(
+        err.to_string().contains("pip install no_such_package_xyz"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -135,7 +144,12 @@ fn every_argument_kind_reaches_the_worker() {
 #[test]
 fn an_input_returned_as_is_comes_back_exactly() {
     let _s = serial();
-    let op = worker_op(table_pool(), "ident", "def f(x): return x", &[OutSpec::new(DType::F32)]);
+    let op = worker_op(
+        table_pool(),
+        "ident",
+        "def f(x): return x",
+        &[OutSpec::new(DType::F32)],
+    );
     for n in [1usize, 1000, 1 << 20] {
         let x = Tensor::arange(0u32, n as u32, &cpu())
             .unwrap()
@@ -172,7 +186,11 @@ fn out_buffers_in_workers() {
         .unwrap();
     let err = bad.call(&[Arg::from(&x)]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutputMismatch);
-    assert!(err.to_string().contains("returns None (or `out`), got a value of type `int`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("returns None (or `out`), got a value of type `int`"),
+        "{err}"
+    );
 }
 
 #[py_op(code = r#"
@@ -217,10 +235,25 @@ fn module_state_is_per_worker_and_kept_views_stay_valid() {
     );
     let a = Tensor::new(&[1f64, 2.], &cpu()).unwrap();
     let b = Tensor::new(&[10f64, 20.], &cpu()).unwrap();
-    assert_eq!(op.call(&[Arg::from(&a)]).unwrap()[0].to_vec1::<f64>().unwrap(), [1., 3.]);
+    assert_eq!(
+        op.call(&[Arg::from(&a)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [1., 3.]
+    );
     // The first call's input, kept by the body, still reads the first call's values.
-    assert_eq!(op.call(&[Arg::from(&b)]).unwrap()[0].to_vec1::<f64>().unwrap(), [2., 3.]);
-    assert_eq!(op.call(&[Arg::from(&b)]).unwrap()[0].to_vec1::<f64>().unwrap(), [3., 3.]);
+    assert_eq!(
+        op.call(&[Arg::from(&b)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [2., 3.]
+    );
+    assert_eq!(
+        op.call(&[Arg::from(&b)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [3., 3.]
+    );
 }
 
 // --- crashes, hangs, kills: only the call fails, nothing is left ---
@@ -243,7 +276,10 @@ fn exists(pid: u32) -> bool {
 /// The program's shared-memory arenas: mappings and open descriptors.
 fn arenas_here() -> usize {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let mapped = maps.lines().filter(|l| l.contains("pyop-worker-arena")).count();
+    let mapped = maps
+        .lines()
+        .filter(|l| l.contains("pyop-worker-arena"))
+        .count();
     let fds = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -253,7 +289,9 @@ fn arenas_here() -> usize {
 }
 
 fn dev_shm() -> usize {
-    std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/dev/shm")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -285,9 +323,19 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
     };
     let mut pids = Vec::new();
     for (how, limit, kind, says) in [
-        ("segfault", None, ErrorKind::WorkerLost, "was killed by signal 11 (SIGSEGV)"),
+        (
+            "segfault",
+            None,
+            ErrorKind::WorkerLost,
+            "was killed by signal 11 (SIGSEGV)",
+        ),
         ("exit", None, ErrorKind::WorkerLost, "exited with status 3"),
-        ("sleep", Some(300), ErrorKind::Timeout, "ran past its time limit of 300ms"),
+        (
+            "sleep",
+            Some(300),
+            ErrorKind::Timeout,
+            "ran past its time limit of 300ms",
+        ),
         ("numpy", Some(300), ErrorKind::Timeout, "was killed"),
         ("spin", Some(300), ErrorKind::Timeout, "was killed"),
     ] {
@@ -299,7 +347,11 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
         assert_eq!(err.kind(), kind, "{how}: {err}");
         assert_eq!(err.op(), Some("fragile"));
         assert!(err.to_string().contains(says), "{how}: {err}");
-        assert!(started.elapsed() < Duration::from_secs(10), "{how} took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{how} took {:?}",
+            started.elapsed()
+        );
         // The next call succeeds, in a new worker.
         assert_eq!(call("ok", None).unwrap()[0].to_vec1::<f32>().unwrap(), [2.]);
     }
@@ -313,7 +365,11 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
     for pid in &pids {
         assert!(!exists(*pid), "worker {pid} is still in the process table");
     }
-    assert_eq!(arenas_here(), arenas_before, "shared memory left mapped or open");
+    assert_eq!(
+        arenas_here(),
+        arenas_before,
+        "shared memory left mapped or open"
+    );
     assert_eq!(dev_shm(), shm_before, "something was left in /dev/shm");
 }
 
@@ -322,7 +378,12 @@ fn dropping_the_pool_ends_its_workers_and_frees_shared_memory() {
     let _s = serial();
     let arenas_before = arenas_here();
     let pool = WorkerPool::new(2);
-    let op = worker_op(&pool, "two", "def f(x): return x * 2", &[OutSpec::new(DType::F32)]);
+    let op = worker_op(
+        &pool,
+        "two",
+        "def f(x): return x * 2",
+        &[OutSpec::new(DType::F32)],
+    );
     let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -394,7 +455,11 @@ fn validate_starts_a_worker_for_declared_worker_ops() {
     let op = pyop::registered_op("halve").unwrap().get().unwrap();
     let pool = op.pool().expect("declared with workers = 2");
     assert_eq!(pool.size(), 2);
-    assert!(pool.stats().started >= 1 && pool.stats().calls >= 1, "{:?}", pool.stats());
+    assert!(
+        pool.stats().started >= 1 && pool.stats().calls >= 1,
+        "{:?}",
+        pool.stats()
+    );
     let x = Tensor::new(&[3f32], &cpu()).unwrap();
     assert_eq!(halve(&x).unwrap().to_vec1::<f32>().unwrap(), [1.5]);
 }
@@ -410,7 +475,11 @@ fn ops_that_cannot_run_in_workers_are_refused() {
         .build()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
-    assert!(err.to_string().contains("worker processes run numpy-mode ops only"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("worker processes run numpy-mode ops only"),
+        "{err}"
+    );
     use pyop::interop::pyo3::prelude::*;
     let f = Python::attach(|py| py.eval(c"lambda x: x", None, None).unwrap().unbind());
     let err = PyOp::builder("c")
@@ -420,7 +489,10 @@ fn ops_that_cannot_run_in_workers_are_refused() {
         .tout([OutSpec::new(DType::F32)])
         .build()
         .unwrap_err();
-    assert!(err.to_string().contains("cannot run in a worker process"), "{err}");
+    assert!(
+        err.to_string().contains("cannot run in a worker process"),
+        "{err}"
+    );
 }
 
 /// Run by `a_worker_that_cannot_start_is_a_clear_error` in a process of its own, with
@@ -466,7 +538,10 @@ fn a_worker_that_cannot_start_is_a_clear_error() {
     let _s = serial();
     let text = start_child(&[("PYOP_WORKER_PYTHON", "/nonexistent/python3")]);
     assert!(text.contains("kind: PythonUnavailable"), "{text}");
-    assert!(text.contains("cannot start a worker: cannot start /nonexistent/python3"), "{text}");
+    assert!(
+        text.contains("cannot start a worker: cannot start /nonexistent/python3"),
+        "{text}"
+    );
     let running = pyop::python_env().unwrap().running;
     // Another Python version than the program's.
     let other = ["3.10", "3.11", "3.12", "3.13"]
@@ -486,7 +561,10 @@ fn a_worker_that_cannot_start_is_a_clear_error() {
     // the environment and the command that fixes it.
     let text = start_child(&[("PYOP_PYTHON_ENV", "none")]);
     assert!(text.contains("kind: PackageUnavailable"), "{text}");
-    assert!(text.contains("a worker cannot import NumPy (ModuleNotFoundError"), "{text}");
+    assert!(
+        text.contains("a worker cannot import NumPy (ModuleNotFoundError"),
+        "{text}"
+    );
     assert!(text.contains("PYOP_PYTHON_ENV=none"), "{text}");
     assert!(text.contains("-m pip install numpy"), "{text}");
 }
@@ -506,7 +584,10 @@ fn which(name: &str) -> Option<String> {
         .filter(|d| !d.contains("shims"))
         .map(|d| std::path::Path::new(d).join(name))
         .collect::<Vec<_>>();
-    pyenv.chain(on_path).find(|p| p.exists()).map(|p| p.display().to_string())
+    pyenv
+        .chain(on_path)
+        .find(|p| p.exists())
+        .map(|p| p.display().to_string())
 }
 
 /// Run by `a_killed_program_leaves_no_workers`: starts two workers, prints their pids, waits to
@@ -536,7 +617,13 @@ fn killed_program_child() {
             let _ = op.call(&[Arg::from(&x)]);
         }
     });
-    println!("PIDS {}", idle.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" "));
+    println!(
+        "PIDS {}",
+        idle.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     std::thread::sleep(Duration::from_secs(60));
     drop(busy);
 }
@@ -545,7 +632,12 @@ fn killed_program_child() {
 fn a_killed_program_leaves_no_workers() {
     let _s = serial();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "killed_program_child", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "killed_program_child",
+            "--nocapture",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -565,5 +657,8 @@ fn a_killed_program_leaves_no_workers() {
     while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(pids.iter().all(|p| !alive(*p)), "workers outlived their program: {pids:?}");
+    assert!(
+        pids.iter().all(|p| !alive(*p)),
+        "workers outlived their program: {pids:?}"
+    );
 }

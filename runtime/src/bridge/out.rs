@@ -65,7 +65,10 @@ pub(crate) fn out_buffers<'py>(
 }
 
 /// The error for a body given `out` that returned something else than None or `out`.
-pub(crate) fn returned_instead_of_out(check: &OutputCheck<'_>, returned: &Bound<'_, PyAny>) -> Error {
+pub(crate) fn returned_instead_of_out(
+    check: &OutputCheck<'_>,
+    returned: &Bound<'_, PyAny>,
+) -> Error {
     check.error(
         None,
         format!(

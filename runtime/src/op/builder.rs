@@ -8,6 +8,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::gradient::{Gradient, RustGradient};
+use super::workers::Workers;
 use super::{takes_out, OpInner, PyOp};
 use crate::body::source::{self, Source};
 use crate::bridge::with_gil;
@@ -15,7 +16,6 @@ use crate::error::{bail, Error, ErrorKind, Result};
 use crate::spec::{numpy_can_hold, Mode, OutSpec};
 use crate::stats::Counters;
 use crate::worker::WorkerPool;
-use super::workers::Workers;
 
 impl PyOp {
     /// Starts building an op named `name` (the name errors and counters show).

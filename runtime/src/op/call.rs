@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::autograd;
+use super::workers::{out_shapes, Group, WireInputs, WorkerCall, Workers};
 use super::{CallOptions, OpInner, PyOp};
 use crate::arg::Arg;
 use crate::bridge::args::{python_args, Lists};
@@ -18,7 +19,6 @@ use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
 use crate::spec::{Mode, OutSpec};
-use super::workers::{out_shapes, Group, WireInputs, WorkerCall, Workers};
 
 impl PyOp {
     /// Calls the op: one output tensor per `tout` entry, on the inputs' device. Arguments are
@@ -77,9 +77,7 @@ impl PyOp {
         };
         let timeout = options.timeout.or(op.timeout);
         let outputs = match &op.workers {
-            Some(workers) => {
-                op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?
-            }
+            Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?,
             None => op.run_python(&device, |py| {
                 op.run_body(py, args, &prepared, &device, timeout)
             })?,

@@ -188,13 +188,7 @@ pub fn validation_report() -> Result<ValidationReport> {
         }
         for op in ops {
             report.checked += 1;
-            check_op(
-                py,
-                op,
-                &mut report,
-                &mut causes,
-                numpy_cause.as_deref(),
-            );
+            check_op(py, op, &mut report, &mut causes, numpy_cause.as_deref());
         }
         Ok(report)
     })

@@ -23,10 +23,7 @@ impl Arena {
     /// A fresh arena of at least `needed` bytes.
     pub(crate) fn with_room_for(needed: usize) -> std::io::Result<Arena> {
         let size = needed.max(MIN_SIZE).next_power_of_two();
-        let fd = rustix::fs::memfd_create(
-            "pyop-worker-arena",
-            rustix::fs::MemfdFlags::CLOEXEC,
-        )?;
+        let fd = rustix::fs::memfd_create("pyop-worker-arena", rustix::fs::MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&fd, size as u64)?;
         let file = File::from(fd.try_clone()?);
         let map = MmapOptions::new().len(size).map_raw(&file)?;
@@ -55,10 +52,17 @@ impl Arena {
     /// No other thread or process may read or write `offset..offset + src.len()` meanwhile (the
     /// worker is between calls: it reads inputs only while it runs one).
     pub(crate) unsafe fn write(&self, offset: usize, src: &[u8]) {
-        assert!(offset + src.len() <= self.len(), "arena write out of bounds");
+        assert!(
+            offset + src.len() <= self.len(),
+            "arena write out of bounds"
+        );
         // SAFETY: in bounds (asserted); the caller guarantees nothing else touches the range.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(offset), src.len())
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.map.as_mut_ptr().add(offset),
+                src.len(),
+            )
         }
     }
 }

@@ -235,6 +235,55 @@ impl WorkerPool {
     }
 }
 
+impl WorkerPool {
+    /// Starts workers until `size` run, side by side (so the start cost is paid once, not once
+    /// per worker), and puts them in the pool.
+    pub(crate) fn fill(&self, launch: &Launch) -> Result<(), StartError> {
+        let p = &self.inner;
+        let ids: Vec<u64> = {
+            let mut st = p.lock();
+            let missing = p.size - st.live;
+            st.live += missing;
+            (0..missing)
+                .map(|_| {
+                    st.next_id += 1;
+                    st.next_id - 1
+                })
+                .collect()
+        };
+        let started = Instant::now();
+        let results: Vec<Result<Worker, StartError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|&id| s.spawn(move || Worker::start(id, launch)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a worker start does not panic"))
+                .collect()
+        });
+        let took = started.elapsed().as_nanos() as u64;
+        let mut first_error = None;
+        let mut st = p.lock();
+        for r in results {
+            match r {
+                Ok(w) => {
+                    p.started.fetch_add(1, Relaxed);
+                    p.start_ns.fetch_add(took, Relaxed);
+                    st.idle.push(w);
+                }
+                Err(e) => {
+                    st.live -= 1;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        drop(st);
+        p.freed.notify_all();
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
 impl Lease {
     pub(crate) fn worker(&mut self) -> &mut Worker {
         self.worker.as_mut().expect("a leased worker")

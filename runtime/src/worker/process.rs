@@ -84,7 +84,8 @@ impl Worker {
         let failed = |what: &str, e: std::io::Error| {
             StartError::Failed(format!("{what} {}: {e}", launch.python.display()))
         };
-        let (sock, theirs) = UnixStream::pair().map_err(|e| failed("cannot make a socket for", e))?;
+        let (sock, theirs) =
+            UnixStream::pair().map_err(|e| failed("cannot make a socket for", e))?;
         let mut cmd = Command::new(&launch.python);
         cmd.arg("-c")
             .arg(BOOTSTRAP)

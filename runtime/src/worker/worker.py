@@ -22,6 +22,9 @@ import socket
 import sys
 import traceback
 import types
+from select import select as _select
+from os import sched_yield as _sched_yield
+from time import perf_counter as _perf_counter
 
 _SOCK = socket.socket(fileno=3)
 _PYOP = "<pyop>"
@@ -45,7 +48,23 @@ def _recv_exact(n):
     return buf
 
 
+# How long a worker checks for its next request before it sleeps (seconds): a caller that
+# sends the next request at once (a loop of calls) finds it awake, without the process wake-up a
+# blocking wait costs.
+_SPIN = 100e-6
+
+
+def _wait_awake():
+    until = _perf_counter() + _SPIN
+    while _perf_counter() < until:
+        if _select((_SOCK,), (), (), 0)[0]:
+            return
+        # The caller that will send the request may need this core first.
+        _sched_yield()
+
+
 def _recv_frame():
+    _wait_awake()
     try:
         head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
     except (ConnectionResetError, OSError):
@@ -197,9 +216,29 @@ class _Pickler(pickle.Pickler):
         return (_standin, (t.__qualname__, module))
 
 
+def _place(n, addr, placed, to_copy, raw, need):
+    """Names a buffer where it lies in the input arena, or makes room for it in the result
+    arena; returns the result arena's bytes needed so far."""
+    inp = _arenas[0]
+    if n and inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
+        placed.append([0, addr - inp.addr, n])
+        return need
+    off = (need + _ALIGN - 1) // _ALIGN * _ALIGN
+    placed.append([1, off, n])
+    to_copy.append((off, raw))
+    return off + n
+
+
 def _encode(value):
     """Pickles `value` with its large buffers out of band: each is named where it lies in the
-    input arena, or copied into the result arena."""
+    input arena, or copied into the result arena. A plain C-contiguous array of numbers, the
+    common result, is sent without a pickle: its dtype, shape and buffer."""
+    if type(value) is _np.ndarray and value.dtype.kind in "biufc" and value.flags.c_contiguous:
+        placed, to_copy = [], []
+        n = value.nbytes
+        addr = value.__array_interface__["data"][0]
+        need = _place(n, addr, placed, to_copy, value.reshape(-1).view(_np.uint8), 0)
+        return None, placed[0] + [value.dtype.str, list(value.shape)], to_copy, need
     import io
 
     buffers = []
@@ -209,18 +248,11 @@ def _encode(value):
     placed = []
     to_copy = []
     need = 0
-    inp = _arenas[0]
     for pb in buffers:
         raw = pb.raw()
         n = raw.nbytes
         addr = _np.frombuffer(raw, dtype=_np.uint8).__array_interface__["data"][0] if n else 0
-        if n and inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
-            placed.append([0, addr - inp.addr, n])
-        else:
-            off = (need + _ALIGN - 1) // _ALIGN * _ALIGN
-            placed.append([1, off, n])
-            to_copy.append((off, raw))
-            need = off + n
+        need = _place(n, addr, placed, to_copy, raw, need)
     return payload, placed, to_copy, need
 
 
@@ -286,7 +318,10 @@ def _call(msg, fds):
     for off, raw in to_copy:
         res.view[off:off + raw.nbytes] = raw
     del to_copy
-    _send({"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}, payload)
+    if payload is None:
+        _send({"s": "ok", "arr": placed, "retained": retained})
+    else:
+        _send({"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}, payload)
 
 
 def _run(module, msg, views):

@@ -77,32 +77,53 @@ fn glue_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         .expect("glue.py defines its functions"))
 }
 
-/// The value a worker returned (its pickle, with buffers read in place).
+/// The value a worker returned: a plain array it sent as dtype, shape and bytes, or its pickle,
+/// with buffers read in place.
 pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, PyAny>> {
+    let arr = &reply.header["arr"];
+    if arr.is_array() {
+        let bytes = shared_bytes(py, reply, arr)?;
+        let dtype = arr[3].as_str().unwrap_or("?");
+        let shape: Vec<usize> = arr[4]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| d.as_u64().unwrap_or(0) as usize)
+            .collect();
+        return glue_fn(py, "array")?.call1((bytes, dtype, shape));
+    }
     let buffers = PyList::empty(py);
     for buf in reply.header["bufs"].as_array().into_iter().flatten() {
-        let field = |i: usize| buf[i].as_u64().unwrap_or(u64::MAX) as usize;
-        let map = match field(0) {
-            0 => Some(&reply.input),
-            _ => reply.result.as_ref(),
-        };
-        let (offset, len) = (field(1), field(2));
-        let Some(map) = map.filter(|m| offset.checked_add(len).is_some_and(|e| e <= m.len()))
-        else {
-            return Err(PyBufferError::new_err(
-                "a worker named a buffer outside its shared memory",
-            ));
-        };
-        buffers.append(Bound::new(
-            py,
-            SharedBytes {
-                map: Arc::clone(map),
-                offset,
-                len,
-            },
-        )?)?;
+        buffers.append(shared_bytes(py, reply, buf)?)?;
     }
     glue_fn(py, "loads")?.call1((PyBytes::new(py, &reply.payload), buffers))
+}
+
+/// The bytes a reply names, `[arena, offset, length]`, checked to lie in that arena.
+fn shared_bytes<'py>(
+    py: Python<'py>,
+    reply: &Reply,
+    at: &serde_json::Value,
+) -> PyResult<Bound<'py, SharedBytes>> {
+    let field = |i: usize| at[i].as_u64().unwrap_or(u64::MAX) as usize;
+    let map = match field(0) {
+        0 => Some(&reply.input),
+        _ => reply.result.as_ref(),
+    };
+    let (offset, len) = (field(1), field(2));
+    let Some(map) = map.filter(|m| offset.checked_add(len).is_some_and(|e| e <= m.len())) else {
+        return Err(PyBufferError::new_err(
+            "a worker named a buffer outside its shared memory",
+        ));
+    };
+    Bound::new(
+        py,
+        SharedBytes {
+            map: Arc::clone(map),
+            offset,
+            len,
+        },
+    )
 }
 
 /// The error a worker's exception (`exc` of its reply) becomes: the same kind, exception name

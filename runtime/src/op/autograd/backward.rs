@@ -10,11 +10,11 @@ use pyo3::types::{PyList, PyTuple};
 use super::node::{Node, SavedArg};
 use crate::arg::Arg;
 use crate::bridge::args::{python_args, Lists};
-use crate::op::workers::{Group, WireInputs, WorkerCall};
 use crate::bridge::outputs::{OutputCheck, Role};
 use crate::bridge::prepare::Prepared;
 use crate::error::{panic_message, Error, ErrorKind, Result};
 use crate::op::gradient::{GradientCall, RustGradient};
+use crate::op::workers::{Group, WireInputs, WorkerCall};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
 use crate::spec::OutSpec;
@@ -146,7 +146,10 @@ impl Node {
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
             let inputs = op.failed_before_python(WireInputs::new(
-                self.prepared.iter().chain(&out_prepared).chain(&grad_prepared),
+                self.prepared
+                    .iter()
+                    .chain(&out_prepared)
+                    .chain(&grad_prepared),
             ))?;
             let started = std::time::Instant::now();
             let answer = op.failed_before_python(op.call_in_worker(
