@@ -80,3 +80,30 @@ for size in sizes:
           f"{(kept - py_ - mc) / mc * 100:+.0f} % of the copy)"
           + ("" if tf is None else f"; vs tf.numpy_function {fmt(tf)}: "
              f"{ok(out < tf and cp < tf)} (`out`, returned), {ok(kept < tf)} (copied)"))
+
+# Worker processes (numpy mode, `workers = N`): the round trip of a scalar call, the 16 Mi
+# identity against one memcpy, and a ~1 ms Python-bound body from 2 threads, in the program
+# against 2 workers; with TF's scalar numpy_function for scale.
+print()
+print("| case | pyop in the program | pyop in workers | |")
+print("|---|---|---|---|")
+tf1 = peers.get((1, "ident", "tf.numpy_function in tf.function"))
+w1, n1 = pyop.get("worker_ident_1"), pyop.get("numpy_ident_1")
+if w1 is not None:
+    extra = "" if tf1 is None else f"; tf.numpy_function {fmt(tf1)}"
+    print(f"| scalar `ident` | {fmt(n1)} | {fmt(w1)} | target ≤ 25 µs: {'met' if w1 <= 25 else '**missed**'}{extra} |")
+for size in sizes:
+    w, mc, n = pyop.get(f"worker_ident_{size}"), pyop.get(f"memcpy_{size}"), pyop.get(f"numpy_ident_{size}")
+    if w is None or mc is None or size < 1 << 20:
+        continue
+    print(f"| `ident`, {size:,} f32 | {fmt(n)} (no copy) | {fmt(w)} | {w / mc:.2f}× one memcpy ({fmt(mc)}), "
+          f"{w / (2 * mc):.2f}× a memcpy of input and output |")
+p1, p2 = pyop.get("pyloop_inprocess_2threads"), pyop.get("pyloop_workers2_2threads")
+if p1 and p2:
+    print(f"| ~1 ms Python loop, 2 threads (time per call, by throughput) | {fmt(p1)} | {fmt(p2)} | "
+          f"{p1 / p2:.2f}× the throughput (target ≥ 1.8×: {'met' if p1 / p2 >= 1.8 else '**missed**'}) |")
+q1, q2 = pyop.get("pyloop_inprocess_1thread"), pyop.get("pyloop_workers2_1thread")
+if q1 and q2:
+    print(f"| the same, 1 thread | {fmt(q1)} | {fmt(q2)} | |")
+if "worker_start" in pyop:
+    print(f"| starting a worker (interpreter + NumPy) | — | {fmt(pyop['worker_start'])} | |")

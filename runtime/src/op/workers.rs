@@ -18,9 +18,8 @@ use crate::bridge::prepare::{cpu_data_ptr, Prepared};
 use crate::bridge::shared::{reply_value, result_not_sent, worker_exception};
 use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result};
-use crate::worker::arena::layout;
 use crate::worker::process::{Failure, Reply, Request, StartError};
-use crate::worker::{Launch, Lease, WorkerPool};
+use crate::worker::{layout, Launch, Lease, WorkerPool};
 
 /// An op's pool and how its workers load its body.
 pub(crate) struct Workers {

@@ -67,27 +67,13 @@ impl Arena {
     }
 }
 
-/// Where each of `sizes` goes in an arena, 64-byte aligned, and the bytes needed in all.
-pub(crate) fn layout(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
-    let mut end = 0usize;
-    let offsets = sizes
-        .into_iter()
-        .map(|n| {
-            let at = end.next_multiple_of(64);
-            end = at + n;
-            at
-        })
-        .collect();
-    (offsets, end)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn layout_aligns_every_region() {
-        let (at, end) = layout([3, 0, 100, 64]);
+        let (at, end) = super::super::layout([3, 0, 100, 64]);
         assert_eq!(at, [0, 64, 64, 192]);
         assert_eq!(end, 256);
     }

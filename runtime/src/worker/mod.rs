@@ -7,8 +7,14 @@
 //! socket (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`),
 //! and the call itself the op's (`op::workers`).
 
+#[cfg(target_os = "linux")]
 pub(crate) mod arena;
+#[cfg(target_os = "linux")]
 pub(crate) mod process;
+#[cfg(not(target_os = "linux"))]
+#[path = "unsupported.rs"]
+pub(crate) mod process;
+#[cfg(target_os = "linux")]
 pub(crate) mod wire;
 
 use std::path::PathBuf;
@@ -22,6 +28,7 @@ use process::{StartError, Worker};
 /// the embedded interpreter's `sys.path` (so imports resolve as they do in the program), and the
 /// embedded-package importer's code.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) struct Launch {
     pub python: PathBuf,
     pub sys_path: Vec<String>,
@@ -104,6 +111,20 @@ pub struct PoolStats {
     pub timed_out: u64,
     /// Calls (bodies, gradients and checks) run in the pool's workers.
     pub calls: u64,
+}
+
+/// Where each of `sizes` goes in an arena, 64-byte aligned, and the bytes needed in all.
+pub(crate) fn layout(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut end = 0usize;
+    let offsets = sizes
+        .into_iter()
+        .map(|n| {
+            let at = end.next_multiple_of(64);
+            end = at + n;
+            at
+        })
+        .collect();
+    (offsets, end)
 }
 
 impl std::fmt::Debug for WorkerPool {
