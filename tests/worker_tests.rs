@@ -513,6 +513,11 @@ fn worker_start_child() {
     let err = op.call(&[Arg::from(&x)]).unwrap_err();
     println!("kind: {:?}", err.kind());
     println!("error: {err}");
+    // validate() says the same of the declared worker ops (their workers cannot start either).
+    if std::env::var_os("PYOP_PYTHON_ENV").is_none() {
+        let err = pyop::validate().unwrap_err();
+        println!("validate: {err}");
+    }
     // The next call meets the same error (nothing is left half-started).
     assert_eq!(op.call(&[Arg::from(&x)]).unwrap_err().kind(), err.kind());
     assert_eq!(pool.stats().running, 0);
@@ -540,6 +545,16 @@ fn a_worker_that_cannot_start_is_a_clear_error() {
     assert!(text.contains("kind: PythonUnavailable"), "{text}");
     assert!(
         text.contains("cannot start a worker: cannot start /nonexistent/python3"),
+        "{text}"
+    );
+    let validate = text
+        .lines()
+        .skip_while(|l| !l.starts_with("validate:"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(validate.contains("worker_tests::halve"), "{text}");
+    assert!(
+        validate.contains("cannot start a worker: cannot start /nonexistent/python3"),
         "{text}"
     );
     let running = pyop::python_env().unwrap().running;
@@ -624,6 +639,13 @@ fn killed_program_child() {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    if std::env::var_os("PYOP_TEST_EXIT").is_some() {
+        // The pool is still held (by the op in this frame, and the busy thread): a program that
+        // ends abruptly (a panic with `panic = "abort"`, `process::exit`) runs no destructor for
+        // it, and its workers end anyway.
+        std::thread::sleep(Duration::from_millis(50));
+        std::process::exit(101);
+    }
     std::thread::sleep(Duration::from_secs(60));
     drop(busy);
 }
@@ -631,16 +653,30 @@ fn killed_program_child() {
 #[test]
 fn a_killed_program_leaves_no_workers() {
     let _s = serial();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "killed_program_child",
-            "--nocapture",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    program_ends_with_its_workers(false);
+}
+
+#[test]
+fn a_program_that_exits_abruptly_leaves_no_workers() {
+    let _s = serial();
+    program_ends_with_its_workers(true);
+}
+
+/// Starts `killed_program_child`, then kills it (SIGKILL) or lets it exit abruptly while a body
+/// runs, and checks that its workers are gone.
+fn program_ends_with_its_workers(exit_itself: bool) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "killed_program_child",
+        "--nocapture",
+    ])
+    .stdout(Stdio::piped());
+    if exit_itself {
+        cmd.env("PYOP_TEST_EXIT", "1");
+    }
+    let mut child = cmd.spawn().unwrap();
     let mut pids: Vec<u32> = Vec::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
@@ -650,8 +686,10 @@ fn a_killed_program_leaves_no_workers() {
         }
     }
     assert_eq!(pids.len(), 2, "{pids:?}");
-    assert!(pids.iter().all(|p| alive(*p)));
-    child.kill().unwrap(); // SIGKILL: no destructor runs
+    if !exit_itself {
+        assert!(pids.iter().all(|p| alive(*p)));
+        child.kill().unwrap(); // SIGKILL: no destructor runs
+    }
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
