@@ -71,6 +71,13 @@ def raw_syntax(x):
 "#;
     #[py_op(code = RAW_SYNTAX, tout = f64)]
     pub fn raw_syntax(x: &Tensor) -> pyop::Result<Tensor>;
+
+    // Two ops sharing a worker pool but declaring it with different sizes.
+    #[py_op(code = "def pool_small(x):\n    return x", numpy, workers = 1, pool = "mismatched", tout = f64)]
+    pub fn pool_small(x: &Tensor) -> pyop::Result<Tensor>;
+
+    #[py_op(code = "def pool_large(x):\n    return x", numpy, workers = 2, pool = "mismatched", tout = f64)]
+    pub fn pool_large(x: &Tensor) -> pyop::Result<Tensor>;
 }
 
 // An exception in inline code: the traceback names this file and its line.
@@ -227,8 +234,20 @@ fn validation_reports_every_problem_with_its_declaration() {
         syntax.lines().nth(2).unwrap().find('*'),
         "{syntax}"
     );
+    // Ops that share a pool with different sizes: one problem naming both.
+    let pool = problems_of("pool_small");
+    assert_eq!(pool.len(), 1, "{pool:?}");
+    assert_eq!(pool[0].ops.len(), 2, "{pool:?}");
+    assert!(pool[0].ops.iter().any(|o| o.name == "pool_large"));
+    assert!(
+        pool[0].message.contains(
+            "the ops sharing the worker pool `mismatched` declare different sizes (1, 2)"
+        ),
+        "{}",
+        pool[0].message
+    );
     // Only the broken ones: the rest, and the Python version, check out.
-    assert_eq!(report.problems.len(), 6, "{:#?}", report.problems);
+    assert_eq!(report.problems.len(), 7, "{:#?}", report.problems);
     assert!(
         report
             .skipped
@@ -241,7 +260,7 @@ fn validation_reports_every_problem_with_its_declaration() {
     let err = pyop::validate().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Validation);
     let text = err.to_string();
-    assert!(text.starts_with("validate() found 6 problem(s)"), "{text}");
+    assert!(text.starts_with("validate() found 7 problem(s)"), "{text}");
     assert!(
         !text.contains("op `validate`"),
         "no pseudo-op names: {text}"

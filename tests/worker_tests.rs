@@ -442,6 +442,30 @@ fn eight_threads_through_two_workers_get_exact_results() {
     });
 }
 
+// --- a pool shared by declared ops ---
+
+#[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
+fn pid_a(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "import os\ndef pid_b(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
+fn pid_b(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+fn declared_ops_share_a_named_pool() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let a = pid_a(&x).unwrap().to_scalar::<i64>().unwrap();
+    let b = pid_b(&x).unwrap().to_scalar::<i64>().unwrap();
+    // One worker ran both ops (each with its own module).
+    assert_eq!(a, b);
+    let pool = WorkerPool::find("shared").expect("made by the first op");
+    assert_eq!(
+        (pool.size(), pool.stats().started, pool.stats().calls),
+        (1, 1, 2)
+    );
+    assert_eq!(pool.idle_pids(), [a as u32]);
+}
+
 // --- set-up: validate(), a worker that cannot start ---
 
 #[py_op(code = "import numpy as np\ndef halve(x):\n    return x / 2", numpy, workers = 2, tout = f32)]

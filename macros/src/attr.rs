@@ -19,11 +19,12 @@ pub enum KeyName {
     Grad,
     TimeoutMs,
     Workers,
+    Pool,
     Crate,
 }
 
 impl KeyName {
-    pub const ALL: [KeyName; 11] = [
+    pub const ALL: [KeyName; 12] = [
         KeyName::File,
         KeyName::Code,
         KeyName::Module,
@@ -34,6 +35,7 @@ impl KeyName {
         KeyName::Grad,
         KeyName::TimeoutMs,
         KeyName::Workers,
+        KeyName::Pool,
         KeyName::Crate,
     ];
 
@@ -57,6 +59,7 @@ impl KeyName {
             KeyName::Grad => "grad",
             KeyName::TimeoutMs => "timeout_ms",
             KeyName::Workers => "workers",
+            KeyName::Pool => "pool",
             KeyName::Crate => "crate",
         }
     }
@@ -138,6 +141,7 @@ pub struct Options {
     pub grad: Option<Attr<Grad>>,
     pub timeout_ms: Option<Attr<LitInt>>,
     pub workers: Option<Attr<LitInt>>,
+    pub pool: Option<Attr<LitStr>>,
     pub krate: Option<Attr<syn::Path>>,
     /// Every key written, valid value or not (and a misspelt one, with its likely meaning): a key
     /// whose value was wrong is not also "missing".
@@ -259,6 +263,7 @@ impl Options {
             KeyName::Grad => set(cx, &mut self.grad, key, parse_grad(cx, value)),
             KeyName::TimeoutMs => set(cx, &mut self.timeout_ms, key, parse_timeout(cx, value)),
             KeyName::Workers => set(cx, &mut self.workers, key, parse_workers(cx, value)),
+            KeyName::Pool => set(cx, &mut self.pool, key, parse_lit_str(cx, value, "pool")),
             KeyName::Crate => set(cx, &mut self.krate, key, parse_crate(cx, value)),
         }
     }

@@ -101,6 +101,13 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             quote!(#n)
         }
     };
+    let pool = match &opts.pool {
+        None => quote!(::core::option::Option::None),
+        Some(a) => {
+            let name = &a.value;
+            quote!(::core::option::Option::Some(#name))
+        }
+    };
     let py_params: Vec<_> = f
         .params
         .iter()
@@ -137,6 +144,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 params: &[#(#param_names),*],
                 timeout_ms: #timeout,
                 workers: #workers,
+                pool: #pool,
             });
             static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
             #p::inventory::submit! { #p::Registration(&__PYOP_OP) }

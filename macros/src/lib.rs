@@ -58,6 +58,7 @@ use proc_macro::TokenStream;
 /// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |
 /// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`); in a worker, any body (the worker is killed) |
 /// | `workers = 4` | numpy mode only: run the body (and a Python gradient) in a pool of 4 Python worker processes of the op's own (`pyop::WorkerPool`): parallel beyond the GIL, a crash fails only its call (`ErrorKind::WorkerLost`) |
+/// | `pool = "text"` | with `workers`: run in the process-wide pool `text` (`WorkerPool::named`), shared by every op that names it |
 /// | `crate = "my::pyop"` | where the generated code finds pyop, for crates that re-export it |
 ///
 /// One of `file`, `code`, `package` and `module` is required (`module` may also pick a module

@@ -186,6 +186,13 @@ fn check_like_params(cx: &Ctxt, tout: &Tout, f: &Function<'_>) {
 
 /// Worker processes run numpy-mode bodies only: a tensor-mode body needs the program's tensors.
 fn check_workers_mode(cx: &Ctxt, opts: &Options) {
+    if let (Some(p), None) = (&opts.pool, &opts.workers) {
+        cx.error_spanned_by(
+            &p.key.ident,
+            "`pool` names the worker pool that `workers` runs the op in: add `workers = N` (the \
+             pool's size)",
+        );
+    }
     if let (Some(w), None) = (&opts.workers, &opts.numpy) {
         cx.error_spanned_by(
             &w.key.ident,

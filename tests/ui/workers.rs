@@ -8,4 +8,8 @@ fn f(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def g(x): return x", numpy, workers = 0, tout = f32)]
 fn g(x: &Tensor) -> pyop::Result<Tensor>;
 
+// A named pool needs its size.
+#[py_op(code = "def h(x): return x", numpy, pool = "text", tout = f32)]
+fn h(x: &Tensor) -> pyop::Result<Tensor>;
+
 fn main() {}

@@ -37,6 +37,8 @@ pub struct OpDeclParts {
     pub timeout_ms: Option<u64>,
     /// `workers = N`: the size of the op's own worker pool (0: the body runs in the program).
     pub workers: usize,
+    /// `pool = "name"`: the process-wide pool of that name, shared by every op naming it.
+    pub pool: Option<&'static str>,
 }
 
 /// Where a declared op's body comes from.
@@ -151,6 +153,11 @@ impl OpDecl {
         (self.0.workers > 0).then_some(self.0.workers)
     }
 
+    /// The name of the shared pool the op runs in (`pool = "name"`), if any.
+    pub fn pool(&self) -> Option<&'static str> {
+        self.0.pool
+    }
+
     pub(crate) fn annotate(&self, e: Error) -> Error {
         e.append_context(&format!(
             " (op declared as {} at {}:{})",
@@ -218,7 +225,10 @@ impl OpDecl {
             Some(GradDecl::Rust(f, _)) => b.gradient_rust(*f),
         };
         if d.workers > 0 {
-            b = b.workers(d.workers);
+            b = match d.pool {
+                Some(name) => b.pool(&crate::worker::WorkerPool::named(name, d.workers)),
+                None => b.workers(d.workers),
+            };
         }
         if let Some(ms) = d.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));

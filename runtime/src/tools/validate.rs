@@ -186,13 +186,45 @@ pub fn validation_report() -> Result<ValidationReport> {
                 numpy_cause = Some(cause);
             }
         }
-        for op in ops {
+        for op in &ops {
             report.checked += 1;
             check_op(py, op, &mut report, &mut causes, numpy_cause.as_deref());
         }
+        check_pool_sizes(&ops, &mut report, &mut causes);
         Ok(report)
     })
     .map(|(r, _)| r)
+}
+
+/// Declarations that name one pool (`pool = "name"`) must give it one size: the first op built
+/// makes it, and the others would silently run with its size.
+fn check_pool_sizes(ops: &[&StaticOp], report: &mut ValidationReport, causes: &mut Vec<String>) {
+    let mut pools: std::collections::BTreeMap<&str, Vec<&OpDecl>> = Default::default();
+    for op in ops {
+        if let Some(name) = op.decl().pool() {
+            pools.entry(name).or_default().push(op.decl());
+        }
+    }
+    for (name, decls) in pools {
+        let mut sizes: Vec<usize> = decls.iter().filter_map(|d| d.workers()).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if sizes.len() > 1 {
+            let cause = format!("pool {name}");
+            let message = format!(
+                "the ops sharing the worker pool `{name}` declare different sizes ({}): give \
+                 them one `workers = N`",
+                sizes
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            for d in decls {
+                report.add(causes, cause.clone(), Some(OpRef::of(d)), message.clone());
+            }
+        }
+    }
 }
 
 /// The package an import error is about: the module of a "No module named 'x'", or `numpy` for

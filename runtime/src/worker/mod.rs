@@ -156,6 +156,24 @@ impl WorkerPool {
         }
     }
 
+    /// The process-wide pool called `name`, made with `size` workers the first time it is asked
+    /// for: `#[py_op(numpy, workers = 4, pool = "text")]` declarations share it. A later caller's
+    /// `size` does not change it (`validate()` reports declarations that disagree).
+    pub fn named(name: &str, size: usize) -> WorkerPool {
+        let mut pools = NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        pools
+            .get_or_insert_with(std::collections::HashMap::new)
+            .entry(name.to_owned())
+            .or_insert_with(|| WorkerPool::new(size))
+            .clone()
+    }
+
+    /// The process-wide pool called `name`, if something made it.
+    pub fn find(name: &str) -> Option<WorkerPool> {
+        let pools = NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        pools.as_ref().and_then(|p| p.get(name)).cloned()
+    }
+
     /// The most workers the pool runs at once.
     pub fn size(&self) -> usize {
         self.inner.size
@@ -199,6 +217,9 @@ impl WorkerPool {
         self.inner.freed.notify_all();
     }
 }
+
+/// The named pools: they live as long as the program (their workers end with it).
+static NAMED: Mutex<Option<std::collections::HashMap<String, WorkerPool>>> = Mutex::new(None);
 
 impl PoolInner {
     fn lock(&self) -> MutexGuard<'_, PoolState> {
