@@ -133,7 +133,14 @@ impl OpInner {
         let tout = op.failed_before_python(OutSpec::resolve(&op.tout, args).map_err(|msg| {
             Error::op_failure(Some(op.name.as_str()), ErrorKind::InvalidArgument, msg)
         }))?;
-        let outs = if op.accepts_out {
+        // Hot reload may have given the body an `out` parameter or taken it away.
+        let accepts_out = match &op.reload {
+            Some(_) => crate::bridge::with_gil(&op.name, |py| Ok(op.body_now(py).1))
+                .map(|(a, _)| a)
+                .unwrap_or(op.accepts_out),
+            None => op.accepts_out,
+        };
+        let outs = if accepts_out {
             out_shapes(&tout, args)
         } else {
             None

@@ -3,7 +3,7 @@
 //! output check with the GIL held only for that.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
@@ -33,7 +33,7 @@ struct Loaded {
     /// The source workers load now (hot reload replaces it) and its message.
     source: Source,
     generation: u64,
-    message: Vec<u8>,
+    message: Arc<str>,
 }
 
 impl Workers {
@@ -54,7 +54,7 @@ impl Workers {
     }
 
     /// The module key and load message for the source in use, after hot reload's `current`.
-    fn load(&self, op: &str, current: Option<Source>) -> (String, Vec<u8>) {
+    fn load(&self, op: &str, current: Option<Source>) -> (String, Arc<str>) {
         let mut st = self.source.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(src) = current {
             if !same_text(&src, &st.source) {
@@ -77,7 +77,7 @@ fn same_text(a: &Source, b: &Source) -> bool {
     }
 }
 
-fn load_message(op: &str, key: &str, source: &Source) -> Vec<u8> {
+fn load_message(op: &str, key: &str, source: &Source) -> Arc<str> {
     let msg = match source {
         Source::Code {
             code,
@@ -102,7 +102,7 @@ fn load_message(op: &str, key: &str, source: &Source) -> Vec<u8> {
                    "module": module, "files": files})
         }
     };
-    msg.to_string().into_bytes()
+    msg.to_string().into()
 }
 
 /// How workers start: found once, with the GIL, from the embedded interpreter.
@@ -141,6 +141,7 @@ fn launch(op: &str) -> Result<&'static Launch> {
         Ok(Launch {
             python,
             sys_path,
+            site_packages: env.and_then(|e| e.site_packages.clone()),
             importer: crate::body::package::IMPORTER,
             version: [version.0, version.1],
             describe,
@@ -317,7 +318,6 @@ impl OpInner {
         let inputs = (0..n_in)
             .map(|i| (offsets[i], call.inputs.bytes(i)))
             .collect();
-        let deadline = call.timeout.map(|t| Instant::now() + t);
         crate::python::without_gil(|| {
             let mut lease = workers
                 .pool
@@ -328,11 +328,11 @@ impl OpInner {
             let (id, pid) = (worker.id, worker.pid);
             let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
             let result = worker.call(Request {
-                call: request.to_string().into_bytes(),
+                call: request,
                 inputs,
                 arena_len,
                 load: Some((key, load)),
-                deadline,
+                timeout: call.timeout,
             });
             match result {
                 Ok(reply) => Ok(Answer {
@@ -385,14 +385,41 @@ impl OpInner {
             return Err(crate::bridge::out::returned_instead_of_out(check, &value));
         }
         drop(value);
-        let base = answer.reply.input.as_ptr();
+        // Where each output's bytes are: its `out` buffer in the input arena, or, when the body
+        // kept a view of its buffers, the copy the worker made in the result arena.
+        let reply = &answer.reply;
+        let places: Vec<(&memmap2::MmapRaw, usize)> = match reply.header["outs"].as_array() {
+            None => answer
+                .out_offsets
+                .iter()
+                .map(|&at| (&*reply.input, at))
+                .collect(),
+            Some(copies) => {
+                let Some(result) = &reply.result else {
+                    return Err(check.error(None, "a worker named no result memory".into()));
+                };
+                copies
+                    .iter()
+                    .map(|c| (&**result, c[1].as_u64().unwrap_or(u64::MAX) as usize))
+                    .collect()
+            }
+        };
+        if places.len() != outs.len() {
+            return Err(check.error(None, "a worker named the wrong outputs".into()));
+        }
         outs.iter()
-            .zip(&answer.out_offsets)
-            .map(|((dtype, dims), &at)| {
-                // SAFETY: the region was laid out for exactly this output in the arena `reply`
-                // keeps mapped; the worker has finished writing it (it replied).
-                let t =
-                    unsafe { crate::alloc::tensor_from_bytes(*dtype, base.add(at), dims.clone()) }?;
+            .zip(places)
+            .map(|((dtype, dims), (map, at))| {
+                let len = dtype.size_in_bytes() * dims.iter().product::<usize>();
+                if at.checked_add(len).is_none_or(|end| end > map.len()) {
+                    return Err(check.error(None, "a worker named memory outside its arena".into()));
+                }
+                // SAFETY: `at..at + len` lies inside a mapping `reply` keeps alive (checked
+                // above); the worker has finished writing it (it replied), and no view the body
+                // kept can reach it (the worker copied it into the result arena if one could).
+                let t = unsafe {
+                    crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(at), dims.clone())
+                }?;
                 Ok(t.to_device(check.device)?)
             })
             .collect()
@@ -421,7 +448,17 @@ impl OpInner {
                 _ => worker_exception(py, op, exc),
             });
         }
-        reply_value(py, &answer.reply).map_err(|e| crate::python::errors::python_error(py, op, e))
+        reply_value(py, &answer.reply).map_err(|e| {
+            Error::mismatch(
+                op,
+                ErrorKind::OutputMismatch,
+                None,
+                format!(
+                    "the body's result could not be read from its worker: {}",
+                    crate::python::describe(py, &e)
+                ),
+            )
+        })
     }
 
     /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
@@ -436,23 +473,24 @@ impl OpInner {
                 .map_err(|e| start_error(op, launch, e))?;
             lease.count_call();
             let ping = json!({"op": "ping", "key": key, "fns": functions});
-            let deadline = Some(Instant::now() + Duration::from_secs(60));
-            match lease
-                .worker()
-                .ask(Some((key, load)), ping.to_string().as_bytes(), deadline)
-            {
+            let deadline = Some(Instant::now() + Duration::from_secs(120));
+            match lease.worker().ask(Some((key, load)), ping, deadline) {
                 Ok(header) => Ok(header),
                 Err(f) => {
                     let timed_out = matches!(f, Failure::TimedOut);
                     lease.discard(timed_out);
-                    Err(Error::op_failure(
-                        op,
-                        ErrorKind::WorkerLost,
-                        match f {
-                            Failure::Lost(how) => format!("a worker {how} while loading the body"),
-                            Failure::TimedOut => "a worker took over 60 s to load the body".into(),
-                        },
-                    ))
+                    Err(match f {
+                        Failure::Lost(how) => Error::op_failure(
+                            op,
+                            ErrorKind::WorkerLost,
+                            format!("a worker {how} while loading the body"),
+                        ),
+                        Failure::TimedOut => Error::op_failure(
+                            op,
+                            ErrorKind::Timeout,
+                            "a worker took over 120 s to load the body and was killed",
+                        ),
+                    })
                 }
             }
         })

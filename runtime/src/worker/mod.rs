@@ -32,6 +32,8 @@ use process::{StartError, Worker};
 pub(crate) struct Launch {
     pub python: PathBuf,
     pub sys_path: Vec<String>,
+    /// The environment's `site-packages`, whose `.pth` files a worker runs as the program did.
+    pub site_packages: Option<PathBuf>,
     pub importer: &'static str,
     /// The embedded interpreter's `[major, minor]`: a worker of another version refuses to
     /// start (the program's `sys.path` holds that version's standard library).
@@ -242,7 +244,17 @@ impl WorkerPool {
         let id = {
             let mut st = p.lock();
             loop {
-                if let Some(w) = st.idle.pop() {
+                if let Some(mut w) = st.idle.pop() {
+                    if w.exited() {
+                        // Died while idle (the OOM killer, a kill from outside): not this call's
+                        // to fail. It is reaped, and another one is taken or started.
+                        st.live -= 1;
+                        p.lost.fetch_add(1, Relaxed);
+                        drop(st);
+                        drop(w);
+                        st = p.lock();
+                        continue;
+                    }
                     return Ok(Lease {
                         pool: Arc::clone(p),
                         worker: Some(w),

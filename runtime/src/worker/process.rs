@@ -2,7 +2,7 @@
 //! arenas, one call at a time, killed on a time limit, and always reaped.
 
 use std::collections::HashSet;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -60,22 +60,54 @@ pub(crate) struct Reply {
 
 /// One request: the call's JSON, the inputs to write first, and the input arena's size needed.
 pub(crate) struct Request<'a> {
-    pub call: Vec<u8>,
+    pub call: serde_json::Value,
     pub inputs: Vec<(usize, &'a [u8])>,
     pub arena_len: usize,
-    /// The module's key and the message that loads it, sent if this worker has not loaded it.
-    pub load: Option<(String, Vec<u8>)>,
-    pub deadline: Option<Instant>,
+    /// The module's key and the message that loads it (JSON text), sent if this worker has not
+    /// loaded it.
+    pub load: Option<(String, Arc<str>)>,
+    /// The call's time limit, counted from when the call is sent: starting a worker and loading
+    /// the body have limits of their own.
+    pub timeout: Option<Duration>,
 }
+
+/// How long loading a body's module in a worker may take (its imports: NumPy is already there,
+/// a large library may not be).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// After this many calls in a row that use less than a quarter of an arena of at least 8 MiB,
+/// the arena is replaced by one that fits: one large call does not pin its memory for the
+/// worker's life.
+const SHRINK_AFTER: u32 = 32;
+const SHRINK_FROM: usize = 8 << 20;
 
 pub(crate) struct Worker {
     pub id: u64,
     pub pid: u32,
     child: Child,
+    /// Readable once the process has exited (Linux 5.3 and later; else `None`).
+    pidfd: Option<OwnedFd>,
     sock: UnixStream,
     input: Option<Arena>,
     result: Option<Arena>,
+    /// Calls in a row that used under a quarter of each arena.
+    small_calls: [u32; 2],
     loaded: HashSet<String>,
+    /// The sequence number of the last request; every reply must echo it.
+    seq: u64,
+}
+
+/// Why an exchange ended without a reply.
+enum Broken {
+    Recv(RecvError),
+    /// The worker sent something out of step: it is killed.
+    Protocol(String),
+}
+
+impl From<RecvError> for Broken {
+    fn from(e: RecvError) -> Self {
+        Broken::Recv(e)
+    }
 }
 
 impl Worker {
@@ -120,17 +152,25 @@ impl Worker {
         }
         let child = spawn_from_spawner(cmd).map_err(|e| failed("cannot start", e))?;
         drop(theirs);
+        let pid = child.id();
+        let pidfd = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        });
         let mut worker = Worker {
             id,
-            pid: child.id(),
+            pid,
             child,
+            pidfd,
             sock,
             input: None,
             result: None,
+            small_calls: [0; 2],
             loaded: HashSet::new(),
+            seq: 0,
         };
         let init = serde_json::json!({
             "sys_path": launch.sys_path,
+            "site_packages": launch.site_packages,
             "importer": launch.importer,
             "version": launch.version,
         });
@@ -138,7 +178,7 @@ impl Worker {
         let sent = wire::send(&worker.sock, WORKER_PY.as_bytes(), &[])
             .and_then(|()| wire::send(&worker.sock, init.to_string().as_bytes(), &[]));
         let reply = match sent {
-            Ok(()) => wire::recv(&worker.sock, deadline),
+            Ok(()) => wire::recv(&worker.sock, deadline, worker.alive()),
             Err(_) => Err(RecvError::Closed),
         };
         let header = match reply.map(wire::split_reply) {
@@ -183,45 +223,88 @@ impl Worker {
     /// Runs one request. On a time limit the worker is killed; on either failure it is gone,
     /// reaped, and the caller drops it.
     pub(crate) fn call(&mut self, req: Request<'_>) -> Result<Reply, Failure> {
-        match self.exchange(req) {
-            Ok(reply) => Ok(reply),
-            Err(RecvError::TimedOut) => {
+        let result = self.exchange(req);
+        self.failure(result)
+    }
+
+    /// The failure an exchange ended in, the worker killed and reaped.
+    fn failure<T>(&mut self, result: Result<T, Broken>) -> Result<T, Failure> {
+        match result {
+            Ok(r) => Ok(r),
+            Err(Broken::Recv(RecvError::TimedOut)) => {
                 self.kill();
                 Err(Failure::TimedOut)
             }
-            Err(RecvError::Closed) => Err(Failure::Lost(self.reap())),
-            Err(RecvError::Io(e)) => Err(Failure::Lost(format!("{} ({e})", self.reap()))),
+            Err(Broken::Recv(RecvError::Closed)) => Err(Failure::Lost(self.reap())),
+            Err(Broken::Recv(RecvError::Io(e))) => {
+                self.kill();
+                Err(Failure::Lost(format!("failed ({e}) and was killed")))
+            }
+            Err(Broken::Protocol(what)) => {
+                self.kill();
+                Err(Failure::Lost(format!("{what}, and was killed")))
+            }
         }
     }
 
-    fn exchange(&mut self, req: Request<'_>) -> Result<Reply, RecvError> {
-        let io = RecvError::Io;
-        if self.input.as_ref().is_none_or(|a| a.len() < req.arena_len) {
-            let arena = Arena::with_room_for(req.arena_len).map_err(io)?;
-            self.send_arena(0, &arena).map_err(io)?;
-            self.input = Some(arena);
+    /// A frame with this worker's next sequence number added.
+    fn next_frame(&mut self, mut msg: serde_json::Value) -> Vec<u8> {
+        self.seq += 1;
+        msg["q"] = self.seq.into();
+        msg.to_string().into_bytes()
+    }
+
+    /// Receives the reply to the last request, checking that it is that request's.
+    fn reply(&mut self, deadline: Option<Instant>) -> Result<(serde_json::Value, Vec<u8>), Broken> {
+        let frame = wire::recv(&self.sock, deadline, self.alive())?;
+        let (header, payload) = wire::split_reply(frame)
+            .map_err(|_| Broken::Protocol("sent a malformed reply".to_owned()))?;
+        if header["q"].as_u64() != Some(self.seq) {
+            return Err(Broken::Protocol(
+                "sent a reply to another request than the one it was given".to_owned(),
+            ));
         }
-        let input = self.input.as_ref().expect("made above");
+        Ok((header, payload))
+    }
+
+    fn exchange(&mut self, req: Request<'_>) -> Result<Reply, Broken> {
+        let io = |e| Broken::Recv(RecvError::Io(e));
+        if let Some((key, load)) = &req.load {
+            if !self.loaded.contains(key) {
+                // Loaded first, with its own limit: a body's time limit is its calls'.
+                self.seq += 1;
+                let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
+                wire::send(&self.sock, frame.as_bytes(), &[]).map_err(io)?;
+                let (header, payload) = self.reply(Some(Instant::now() + LOAD_TIMEOUT))?;
+                if header["s"] != "ok" {
+                    let input = self.arena_for(0, 0).map_err(io)?;
+                    return Ok(Reply {
+                        header,
+                        payload,
+                        input: Arc::clone(input.map()),
+                        result: None,
+                    });
+                }
+                self.loaded.insert(key.clone());
+            }
+        }
+        let input = self.arena_for(0, req.arena_len).map_err(io)?;
         for (offset, bytes) in &req.inputs {
             // SAFETY: the worker is between calls (it reads the arena only while running one,
             // and that call's reply came before this request).
             unsafe { input.write(*offset, bytes) };
         }
-        if let Some((key, load)) = &req.load {
-            if !self.loaded.contains(key) {
-                wire::send(&self.sock, load, &[]).map_err(io)?;
-                self.loaded.insert(key.clone());
-            }
-        }
-        wire::send(&self.sock, &req.call, &[]).map_err(io)?;
+        let frame = self.next_frame(req.call);
+        wire::send(&self.sock, &frame, &[]).map_err(io)?;
+        let deadline = req.timeout.map(|t| Instant::now() + t);
         loop {
-            let frame = wire::recv(&self.sock, req.deadline)?;
-            let (header, payload) = wire::split_reply(frame).map_err(io)?;
+            let (header, payload) = self.reply(deadline)?;
             if header["s"] == "need" {
                 let need = header["need"].as_u64().unwrap_or(0) as usize;
                 let arena = Arena::with_room_for(need).map_err(io)?;
                 self.send_arena(1, &arena).map_err(io)?;
                 self.result = Some(arena);
+                self.small_calls[1] = 0;
                 continue;
             }
             let input = Arc::clone(self.input.as_ref().expect("made above").map());
@@ -230,6 +313,8 @@ impl Worker {
                 // one lives on in the worker for as long as what it kept.
                 self.input = None;
             }
+            let used = result_bytes(&header);
+            self.note_use(1, used);
             return Ok(Reply {
                 header,
                 payload,
@@ -239,32 +324,97 @@ impl Worker {
         }
     }
 
-    /// Sends a plain request and waits for its reply header (a `ping`).
+    /// The input arena (`which` 0) with room for `needed` bytes, made (and sent) if there is
+    /// none, it is too small, or it has been far too large for long.
+    fn arena_for(&mut self, which: usize, needed: usize) -> std::io::Result<&Arena> {
+        self.note_use(which, needed);
+        if self.input.as_ref().is_none_or(|a| a.len() < needed) {
+            let arena = Arena::with_room_for(needed)?;
+            self.send_arena(0, &arena)?;
+            self.input = Some(arena);
+            self.small_calls[0] = 0;
+        }
+        Ok(self.input.as_ref().expect("made above"))
+    }
+
+    /// Counts calls that used little of an arena; after `SHRINK_AFTER` of them in a row the
+    /// arena is dropped (the next call that needs one makes one that fits). The worker keeps its
+    /// old mapping only while a view it holds needs it.
+    fn note_use(&mut self, which: usize, used: usize) {
+        let arena = if which == 0 {
+            &mut self.input
+        } else {
+            &mut self.result
+        };
+        let Some(a) = arena.as_ref() else { return };
+        if a.len() >= SHRINK_FROM && used < a.len() / 4 {
+            self.small_calls[which] += 1;
+            if self.small_calls[which] >= SHRINK_AFTER {
+                self.small_calls[which] = 0;
+                if which == 1 {
+                    // The worker must not write results into an arena this side dropped: it
+                    // gets a small one now.
+                    if let Ok(small) = Arena::with_room_for(used) {
+                        if self.send_arena(1, &small).is_ok() {
+                            self.result = Some(small);
+                        }
+                    }
+                } else {
+                    *arena = None;
+                }
+            }
+        } else {
+            self.small_calls[which] = 0;
+        }
+    }
+
+    /// Sends a plain request and waits for its reply header (a `ping`), loading the body first.
     pub(crate) fn ask(
         &mut self,
-        load: Option<(String, Vec<u8>)>,
-        request: &[u8],
+        load: Option<(String, Arc<str>)>,
+        request: serde_json::Value,
         deadline: Option<Instant>,
     ) -> Result<serde_json::Value, Failure> {
-        let run = |w: &mut Worker| -> Result<serde_json::Value, RecvError> {
+        let run = |w: &mut Worker| -> Result<serde_json::Value, Broken> {
+            let io = |e| Broken::Recv(RecvError::Io(e));
             if let Some((key, load)) = &load {
                 if !w.loaded.contains(key) {
-                    wire::send(&w.sock, load, &[]).map_err(RecvError::Io)?;
+                    w.seq += 1;
+                    let frame = format!("{{\"q\":{},{}", w.seq, &load[1..]);
+                    wire::send(&w.sock, frame.as_bytes(), &[]).map_err(io)?;
+                    let (header, _) = w.reply(deadline)?;
+                    if header["s"] != "ok" {
+                        return Ok(header);
+                    }
                     w.loaded.insert(key.clone());
                 }
             }
-            wire::send(&w.sock, request, &[]).map_err(RecvError::Io)?;
-            let frame = wire::recv(&w.sock, deadline)?;
-            Ok(wire::split_reply(frame).map_err(RecvError::Io)?.0)
+            let frame = w.next_frame(request);
+            wire::send(&w.sock, &frame, &[]).map_err(io)?;
+            Ok(w.reply(deadline)?.0)
         };
-        match run(self) {
-            Ok(h) => Ok(h),
-            Err(RecvError::TimedOut) => {
-                self.kill();
-                Err(Failure::TimedOut)
+        let result = run(self);
+        self.failure(result)
+    }
+
+    /// Whether the process has exited (an idle worker the OOM killer took, say).
+    pub(crate) fn exited(&mut self) -> bool {
+        match &self.pidfd {
+            Some(fd) => {
+                use rustix::event::{poll, PollFd, PollFlags, Timespec};
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                let zero = Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
             }
-            Err(_) => Err(Failure::Lost(self.reap())),
+            None => !matches!(self.child.try_wait(), Ok(None)),
         }
+    }
+
+    fn alive(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(|fd| fd.as_fd())
     }
 
     fn send_arena(&self, which: u8, arena: &Arena) -> std::io::Result<()> {
@@ -272,37 +422,68 @@ impl Worker {
         wire::send(&self.sock, msg.to_string().as_bytes(), &[arena.fd()])
     }
 
-    /// Kills the process and reaps it.
+    /// Kills the worker's whole process group (the worker and what its bodies started) before
+    /// reaping it, so the group's id cannot have been reused, and reaps it.
     pub(crate) fn kill(&mut self) {
+        self.kill_group();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    /// Waits for a process that is ending (its socket closed) and says how it ended.
+    fn kill_group(&self) {
+        // SAFETY: killpg takes plain integers; the worker leads its own group (process_group(0)
+        // at spawn) and is not reaped yet, so the id still names that group.
+        unsafe {
+            libc::killpg(self.pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+
+    /// Says how a worker that closed its end ended, after killing what is left of its group and
+    /// reaping it.
     fn reap(&mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return describe_exit(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                _ => {
-                    self.kill();
-                    return "closed its connection".to_owned();
-                }
-            }
+        // The socket closes when the process exits; the exit follows within moments.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !self.exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let exited = self.exited();
+        // What its bodies started, and the worker itself if it closed its socket but lives on.
+        self.kill_group();
+        let _ = self.child.kill();
+        match self.child.wait() {
+            Ok(status) if exited => describe_exit(status),
+            _ => "closed its connection and was killed".to_owned(),
         }
     }
 }
 
+/// Bytes of the result arena a reply's values use.
+fn result_bytes(header: &serde_json::Value) -> usize {
+    let in_result = |b: &serde_json::Value| {
+        if b[0] == 1 {
+            b[2].as_u64().unwrap_or(0) as usize
+        } else {
+            0
+        }
+    };
+    let listed = |k: &str| -> usize {
+        header[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(in_result)
+            .sum()
+    };
+    listed("bufs") + listed("outs") + in_result(&header["arr"])
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
-        // A worker reads end-of-file when its socket closes and exits; one that does not (a body
-        // still running) is killed. Either way it is reaped: no zombie is left.
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        // Killed with the processes its bodies started, and reaped: no zombie, no orphan. A
+        // worker holds nothing to save (module state is the body's, as in the program, where
+        // nothing runs at exit either).
         if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            self.reap();
+            self.kill();
         }
     }
 }

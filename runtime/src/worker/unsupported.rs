@@ -33,11 +33,11 @@ pub(crate) struct Reply {
 }
 
 pub(crate) struct Request<'a> {
-    pub call: Vec<u8>,
+    pub call: serde_json::Value,
     pub inputs: Vec<(usize, &'a [u8])>,
     pub arena_len: usize,
-    pub load: Option<(String, Vec<u8>)>,
-    pub deadline: Option<Instant>,
+    pub load: Option<(String, Arc<str>)>,
+    pub timeout: Option<std::time::Duration>,
 }
 
 pub(crate) struct Worker {
@@ -61,10 +61,14 @@ impl Worker {
 
     pub(crate) fn ask(
         &mut self,
-        _load: Option<(String, Vec<u8>)>,
-        _request: &[u8],
+        _load: Option<(String, Arc<str>)>,
+        _request: serde_json::Value,
         _deadline: Option<Instant>,
     ) -> Result<serde_json::Value, Failure> {
+        match self.never {}
+    }
+
+    pub(crate) fn exited(&mut self) -> bool {
         match self.never {}
     }
 }

@@ -50,23 +50,53 @@ pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
-/// Waits for one frame until `deadline`.
-pub(crate) fn recv(sock: &UnixStream, deadline: Option<Instant>) -> Result<Vec<u8>, RecvError> {
-    wait_readable(sock, deadline)?;
+/// The longest reply frame a worker may send: its large buffers travel in shared memory, so a
+/// longer one is a worker out of step (and would be a huge allocation on its word).
+const MAX_FRAME: usize = 1 << 30;
+
+/// Waits for one frame until `deadline`, every byte of it. `alive` is the worker's pidfd, when
+/// the kernel has them: a worker that died is noticed even if a process it forked still holds
+/// its end of the socket open.
+pub(crate) fn recv(
+    sock: &UnixStream,
+    deadline: Option<Instant>,
+    alive: Option<BorrowedFd<'_>>,
+) -> Result<Vec<u8>, RecvError> {
     let mut len = [0u8; 4];
-    read_exact(sock, &mut len)?;
-    let mut frame = vec![0u8; u32::from_le_bytes(len) as usize];
-    read_exact(sock, &mut frame)?;
+    read_full(sock, &mut len, deadline, alive)?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(RecvError::Io(std::io::Error::other(format!(
+            "a reply frame of {n} bytes"
+        ))));
+    }
+    let mut frame = vec![0u8; n];
+    read_full(sock, &mut frame, deadline, alive)?;
     Ok(frame)
 }
 
-fn read_exact(mut sock: &UnixStream, buf: &mut [u8]) -> Result<(), RecvError> {
-    sock.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
-            RecvError::Closed
+/// Fills `buf`, waiting (until `deadline`) before every read: a worker that stops half-way
+/// through a frame cannot hold the caller past its time limit.
+fn read_full(
+    mut sock: &UnixStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    alive: Option<BorrowedFd<'_>>,
+) -> Result<(), RecvError> {
+    let mut got = 0;
+    while got < buf.len() {
+        wait_readable(sock, deadline, alive)?;
+        match sock.read(&mut buf[got..]) {
+            Ok(0) => return Err(RecvError::Closed),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(RecvError::Closed)
+            }
+            Err(e) => return Err(RecvError::Io(e)),
         }
-        _ => RecvError::Io(e),
-    })
+    }
+    Ok(())
 }
 
 /// How long a caller checks for a reply before it sleeps: a quick body's reply comes back
@@ -74,20 +104,46 @@ fn read_exact(mut sock: &UnixStream, buf: &mut [u8]) -> Result<(), RecvError> {
 /// virtual machine), and a slow body's wait pays this once, yielding its core meanwhile.
 const SPIN: Duration = Duration::from_micros(50);
 
-fn wait_readable(sock: &UnixStream, deadline: Option<Instant>) -> Result<(), RecvError> {
+/// Waits until the socket has bytes (or its peer closed it), the deadline passes, or the worker
+/// (its pidfd) exits.
+fn wait_readable(
+    sock: &UnixStream,
+    deadline: Option<Instant>,
+    alive: Option<BorrowedFd<'_>>,
+) -> Result<(), RecvError> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let poll_fds = || {
+        let mut fds = vec![PollFd::new(sock, PollFlags::IN)];
+        if let Some(pidfd) = alive {
+            fds.push(PollFd::from_borrowed_fd(pidfd, PollFlags::IN));
+        }
+        fds
+    };
+    let ready = |fds: &[PollFd<'_>]| -> Option<Result<(), RecvError>> {
+        if !fds[0].revents().is_empty() {
+            return Some(Ok(()));
+        }
+        // The worker exited and nothing is left to read: it died.
+        if fds.len() > 1 && !fds[1].revents().is_empty() {
+            return Some(Err(RecvError::Closed));
+        }
+        None
+    };
     let spin_until = Instant::now() + SPIN;
     let zero = Timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     while Instant::now() < spin_until {
-        let mut fds = [PollFd::new(sock, PollFlags::IN)];
+        let mut fds = poll_fds();
         match poll(&mut fds, Some(&zero)) {
             // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
-            // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
             Ok(0) => std::thread::yield_now(),
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                if let Some(r) = ready(&fds) {
+                    return r;
+                }
+            }
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(RecvError::Io(e.into())),
         }
@@ -106,10 +162,14 @@ fn wait_readable(sock: &UnixStream, deadline: Option<Instant>) -> Result<(), Rec
                 })
             }
         };
-        let mut fds = [PollFd::new(sock, PollFlags::IN)];
+        let mut fds = poll_fds();
         match poll(&mut fds, timeout.as_ref()) {
             Ok(0) => continue, // the deadline check above ends the loop
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                if let Some(r) = ready(&fds) {
+                    return r;
+                }
+            }
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(RecvError::Io(e.into())),
         }
@@ -143,12 +203,22 @@ mod tests {
         send(&a, b"{\"op\":\"ping\"}", &[arena.fd()]).unwrap();
         send(&a, b"second", &[]).unwrap();
         // The receiving side reads frames as worker.py does (the descriptor is discarded here).
-        assert_eq!(recv(&b, None).unwrap(), b"{\"op\":\"ping\"}");
-        assert_eq!(recv(&b, None).unwrap(), b"second");
+        assert_eq!(recv(&b, None, None).unwrap(), b"{\"op\":\"ping\"}");
+        assert_eq!(recv(&b, None, None).unwrap(), b"second");
         let deadline = Instant::now() + std::time::Duration::from_millis(20);
-        assert!(matches!(recv(&b, Some(deadline)), Err(RecvError::TimedOut)));
+        assert!(matches!(
+            recv(&b, Some(deadline), None),
+            Err(RecvError::TimedOut)
+        ));
+        // A frame that stops half-way does not hold the reader past its deadline.
+        (&a).write_all(&[10, 0, 0, 0, b'x']).unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_millis(20);
+        assert!(matches!(
+            recv(&b, Some(deadline), None),
+            Err(RecvError::TimedOut)
+        ));
         drop(a);
-        assert!(matches!(recv(&b, None), Err(RecvError::Closed)));
+        assert!(matches!(recv(&b, None, None), Err(RecvError::Closed)));
     }
 
     #[test]

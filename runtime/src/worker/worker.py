@@ -6,11 +6,13 @@
 # possibly with file descriptors (SCM_RIGHTS) attached to its first bytes. Worker -> parent: a
 # 4-byte little-endian header length, a JSON header, then a pickle (protocol 5) whose large
 # buffers live in shared memory, named by the header's "bufs": [arena, offset, length] with arena
-# 0 the input arena and 1 the result arena.
+# 0 the input arena and 1 the result arena. Every reply echoes the request's sequence number
+# ("q"), so a reply can never be taken for another's.
 #
 # The arenas are memfds the parent creates and sends: inputs (and `out` buffers) are written by
 # the parent into the input arena; results the body made are copied once into the result arena;
-# a result that is an input (or a view of one) is named where it is, not copied.
+# a result that is an input (or a view of one) is named where it is, not copied, unless the body
+# kept a view of its inputs (then it is copied, so the parent reads memory nothing can change).
 
 import json
 import linecache
@@ -26,9 +28,28 @@ from select import select as _select
 from os import sched_yield as _sched_yield
 from time import perf_counter as _perf_counter
 
-_SOCK = socket.socket(fileno=3)
+# The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
+# program it execs, cannot speak for the worker.
+_SOCK = socket.socket(fileno=os.dup(3))
+os.close(3)
 _PYOP = "<pyop>"
 _ALIGN = 64
+_seq = 0  # the sequence number of the request being served
+_forked = False
+
+
+def _in_forked_child():
+    # A body that forks (os.fork, multiprocessing): the child must not hold the parent's socket
+    # open (the program would not see the worker die) nor answer for it.
+    global _forked
+    _forked = True
+    try:
+        _SOCK.close()
+    except OSError:
+        pass
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def _exit_quietly():
@@ -64,6 +85,8 @@ def _wait_awake():
 
 
 def _recv_frame():
+    if _forked:
+        os._exit(0)
     _wait_awake()
     try:
         head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
@@ -78,6 +101,9 @@ def _recv_frame():
 
 
 def _send(header, payload=b""):
+    if _forked:
+        os._exit(0)
+    header["q"] = _seq
     h = json.dumps(header, separators=(",", ":")).encode()
     body = len(h).to_bytes(4, "little") + h + payload
     _SOCK.sendall(len(body).to_bytes(4, "little") + body)
@@ -96,7 +122,7 @@ class _Arena:
 
 
 _arenas = [None, None]
-_modules = {}  # key -> module, or the exception that loading it raised
+_modules = {}  # key -> module
 _np = None
 
 
@@ -114,6 +140,7 @@ def _cache_lines(filename, text, first_line):
 
 
 def _load(msg):
+    """Loads a body's module and says whether it loaded (before any call's time limit runs)."""
     key = msg["key"]
     kind = msg["kind"]
     try:
@@ -135,9 +162,11 @@ def _load(msg):
             if kind == "code":
                 _cache_lines(filename, text, first)
             exec(compile(text, filename, "exec"), module.__dict__)
-        _modules[key] = module
-    except BaseException as e:  # noqa: BLE001 - reported to the parent with the first call
-        _modules[key] = e
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        _send({"s": "err", "exc": _exception_info(e, "load")})
+        return
+    _modules[key] = module
+    _send({"s": "ok"})
 
 
 # --- arguments --------------------------------------------------------------------------------
@@ -181,9 +210,22 @@ class _Views:
 # Values sent as they are.
 _PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
           slice, range, type(None))
-# Where the classes and functions a pickle names by reference may come from (NumPy's
-# reconstructors, builtin types): what the program's unpickler accepts.
-_NAMED_FROM = ("numpy", "builtins", "copyreg", "_codecs")
+# Subclasses of those (a namedtuple, an IntEnum) are sent as their base type, as the program's
+# output check reads them.
+_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset)
+# The only classes and functions a reply's pickle may name (what pickling NumPy arrays, scalars
+# and dtypes, and the plain types, needs): the program's unpickler accepts these and nothing else.
+_NAMED = {
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
+    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
+    ("builtins", "float"), ("builtins", "str"), ("builtins", "bytes"), ("builtins", "bool"),
+    ("_pyop_worker", "standin"),
+}
 
 
 def _standin(qualname, module):  # replaced in the parent by a class of this name
@@ -198,22 +240,28 @@ sys.modules["_pyop_worker"] = _glue
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles what the output check needs: NumPy arrays and scalars, numbers, strings, lists
-    and tuples. Anything else becomes a stand-in of the same type name, which the parent's check
-    describes as it would the object itself (and refuses as the in-process check would)."""
+    """Pickles what the output check needs: NumPy arrays, scalars and dtypes, numbers, strings,
+    lists, tuples and dicts. Anything else becomes a stand-in of the same type name, which the
+    parent's check describes as it would the object itself (and refuses as the in-process check
+    would)."""
 
     def reducer_override(self, obj):
         t = type(obj)
-        if t in _PLAIN or obj is _standin:
+        if t in _PLAIN:
             return NotImplemented
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-            home = (getattr(obj, "__module__", "") or "").split(".")[0]
-            if home in _NAMED_FROM:
+            name = (getattr(obj, "__module__", None), getattr(obj, "__qualname__", None))
+            if name in _NAMED:
                 return NotImplemented
-        module = getattr(t, "__module__", "") or ""
-        if module.split(".")[0] == "numpy":
+            return (_standin, (t.__qualname__, t.__module__))
+        if t is _np.ndarray or (
+                (getattr(t, "__module__", "") or "").split(".")[0] == "numpy"
+                and isinstance(obj, (_np.generic, _np.dtype))):
             return NotImplemented
-        return (_standin, (t.__qualname__, module))
+        for base in _BASES:
+            if isinstance(obj, base):
+                return (base, (base(obj),))
+        return (_standin, (t.__qualname__, getattr(t, "__module__", "") or ""))
 
 
 def _place(n, addr, placed, to_copy, raw, need):
@@ -223,6 +271,10 @@ def _place(n, addr, placed, to_copy, raw, need):
     if n and inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
         placed.append([0, addr - inp.addr, n])
         return need
+    return _room(n, placed, to_copy, raw, need)
+
+
+def _room(n, placed, to_copy, raw, need):
     off = (need + _ALIGN - 1) // _ALIGN * _ALIGN
     placed.append([1, off, n])
     to_copy.append((off, raw))
@@ -238,7 +290,7 @@ def _encode(value):
         n = value.nbytes
         addr = value.__array_interface__["data"][0]
         need = _place(n, addr, placed, to_copy, value.reshape(-1).view(_np.uint8), 0)
-        return None, placed[0] + [value.dtype.str, list(value.shape)], to_copy, need
+        return None, placed, to_copy, need, [value.dtype.str, list(value.shape)]
     import io
 
     buffers = []
@@ -253,7 +305,12 @@ def _encode(value):
         n = raw.nbytes
         addr = _np.frombuffer(raw, dtype=_np.uint8).__array_interface__["data"][0] if n else 0
         need = _place(n, addr, placed, to_copy, raw, need)
-    return payload, placed, to_copy, need
+    return payload, placed, to_copy, need, None
+
+
+def _clean(text):
+    """A string JSON (and the program) can take: lone surrogates escaped."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _exception_info(e, phase):
@@ -266,62 +323,84 @@ def _exception_info(e, phase):
             message = repr(e)
         except BaseException:  # noqa: BLE001
             message = ""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
-    tb = "".join(traceback.format_list(frames))
+    try:
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
+        tb = "".join(traceback.format_list(frames))
+    except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted
+        tb = ""
     info = {
-        "type": t.__name__,
-        "module": t.__module__,
+        "type": _clean(t.__name__),
+        "module": _clean(getattr(t, "__module__", "") or ""),
         "bases": bases,
-        "message": message,
-        "traceback": ("Traceback (most recent call last):\n" + tb) if tb else "",
+        "message": _clean(message),
+        "traceback": _clean("Traceback (most recent call last):\n" + tb) if tb else "",
         "phase": phase,
     }
     if isinstance(e, SyntaxError):
-        info["syntax_msg"] = e.msg
-        lines = traceback.format_exception_only(e)
-        info["syntax_location"] = "".join(lines[:-1])
-    if isinstance(e, ImportError):
-        info["name"] = e.name
+        try:
+            info["syntax_msg"] = _clean(e.msg)
+            info["syntax_location"] = _clean("".join(traceback.format_exception_only(e)[:-1]))
+        except BaseException:  # noqa: BLE001
+            pass
+    if isinstance(e, ImportError) and e.name is not None:
+        info["name"] = _clean(e.name)
     return info
 
 
 def _call(msg, fds):
-    module = _modules.get(msg["key"])
-    if isinstance(module, BaseException):
-        _send({"s": "err", "exc": _exception_info(module, "load")})
-        return
+    module = _modules[msg["key"]]
     views = _Views()
     result, err, returned_out = _run(module, msg, views)
     if err is not None:
         # The traceback (and with it the body's frames) is gone by now.
         _send({"s": "err", "exc": err, "retained": views.retained()})
         return
-    # Whether the body kept an input or `out` view (in module state, a closure, ...): the parent
-    # then gives the next call a fresh input arena, so what the body kept never changes under it.
-    # A result named in the input arena is read by the parent before anything writes there again.
     try:
-        payload, placed, to_copy, need = _encode(result)
+        payload, placed, to_copy, need, arr = _encode(result)
     except BaseException as e:  # noqa: BLE001 - a result that cannot be pickled
         err = _exception_info(e, "result")
     del result
+    # Whether the body kept an input or `out` view (in module state, a closure, a thread): the
+    # parent then gives the next call a fresh input arena, so what the body kept never changes
+    # under it, and this call's results and `out` buffers are copied into the result arena, so
+    # that the parent reads memory no view the body kept can write.
     retained = views.retained()
     if err is not None:
         _send({"s": "err", "exc": err, "retained": retained})
         return
+    outs = None
+    if retained:
+        inp = _arenas[0]
+        for p in placed:
+            if p[0] == 0:
+                _, off, n = p
+                p.clear()
+                need = _room(n, [], to_copy, inp.view[off:off + n], need)
+                p.extend([1, to_copy[-1][0], n])
+        if returned_out:
+            outs = []
+            for off, dtype, shape in msg["out"]:
+                n = _count(shape) * _np.dtype(dtype).itemsize
+                need = _room(n, outs, to_copy, inp.view[off:off + n], need)
     res = _arenas[1]
     if need > (res.size if res is not None else 0):
         _send({"s": "need", "need": need})
         nxt, nfds = _recv_frame()
+        if nxt.get("op") != "arena":
+            raise RuntimeError("pyop worker: expected a result arena, got " + repr(nxt.get("op")))
         _install_arena(1, nfds, nxt["size"])
         res = _arenas[1]
     for off, raw in to_copy:
         res.view[off:off + raw.nbytes] = raw
     del to_copy
-    if payload is None:
-        _send({"s": "ok", "arr": placed, "retained": retained})
+    if arr is not None:
+        _send({"s": "ok", "arr": placed[0] + arr, "retained": retained})
     else:
-        _send({"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}, payload)
+        header = {"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}
+        if outs is not None:
+            header["outs"] = outs
+        _send(header, payload)
 
 
 def _run(module, msg, views):
@@ -350,16 +429,13 @@ def _count(shape):
 
 
 def _ping(msg):
-    module = _modules.get(msg.get("key")) if msg.get("key") else None
-    if isinstance(module, BaseException):
-        _send({"s": "err", "exc": _exception_info(module, "load")})
-        return
+    module = _modules.get(msg.get("key"))
     missing = [name for name in msg.get("fns", []) if not callable(getattr(module, name, None))]
     _send({"s": "ok", "missing": missing, "pid": os.getpid()})
 
 
 def _main():
-    global _np
+    global _np, _seq
     # Ctrl-C in a terminal is the program's to handle; the worker is in its own process group,
     # but a body's own signal handling should not see it either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -369,6 +445,10 @@ def _main():
         _send({"s": "err", "version": sys.version.split()[0]})
         return
     sys.path[:] = init["sys_path"]
+    if init.get("site_packages"):
+        # As the program does: its environment's .pth files (editable installs, import hooks).
+        import site
+        site.addsitedir(init["site_packages"])
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True)
@@ -399,17 +479,24 @@ def _main():
     _send({"s": "ok", "pid": os.getpid(), "python": sys.version.split()[0], "numpy": numpy.__version__})
     while True:
         msg, fds = _recv_frame()
+        _seq = msg.get("q", 0)
         op = msg["op"]
-        if op == "call":
-            _call(msg, fds)
-        elif op == "arena":
-            _install_arena(msg["which"], fds, msg["size"])
-        elif op == "load":
-            _load(msg)
-        elif op == "ping":
-            _ping(msg)
-        elif op == "exit":
-            _exit_quietly()
+        try:
+            if op == "call":
+                _call(msg, fds)
+            elif op == "arena":
+                _install_arena(msg["which"], fds, msg["size"])
+            elif op == "load":
+                _load(msg)
+            elif op == "ping":
+                _ping(msg)
+            elif op == "exit":
+                _exit_quietly()
+        except BaseException as e:  # noqa: BLE001 - a failure of the worker itself
+            try:
+                _send({"s": "err", "exc": _exception_info(e, "worker")})
+            except BaseException:  # noqa: BLE001 - nothing left to say it with
+                os._exit(70)
 
 
 _install_package = None

@@ -27,15 +27,25 @@ def _standin(qualname, module):
     return _standin_class(qualname, module)()
 
 
-# What a worker's pickle may name: values the output check reads, nothing that runs code.
-_ALLOWED = ("builtins", "copyreg", "_codecs", "numpy")
+# What a worker's pickle may name: exactly what pickling NumPy arrays, scalars and dtypes and the
+# plain types needs (worker.py's `_NAMED`), nothing that runs other code.
+_ALLOWED = {
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
+    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
+    ("builtins", "float"), ("builtins", "str"), ("builtins", "bytes"), ("builtins", "bool"),
+}
 
 
 class _Unpickler(_pickle.Unpickler):
     def find_class(self, module, name):
         if module == "_pyop_worker" and name == "standin":
             return _standin
-        if module.split(".")[0] in _ALLOWED:
+        if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         raise _pickle.UnpicklingError(
             "a pyop worker sent %s.%s, which is not a value pyop reads" % (module, name))
@@ -54,20 +64,18 @@ def array(buffer, dtype, shape):
 
 def exception(type_name, module, bases, message, name):
     """An exception of the worker's type name, deriving from the same builtin exception (so it
-    maps to the same error kind), whose str() is the worker's."""
+    maps to the same error kind), whose str() is the worker's message exactly."""
     for b in bases:
         base = getattr(_builtins, b, None)
         if not (isinstance(base, type) and issubclass(base, BaseException)):
             continue
-        if module == "builtins" and b == type_name:
-            cls = base
-        else:
-            cls = type(type_name, (base,), {"__module__": module, "__str__": lambda self: message})
+        cls = type(type_name, (base,), {"__module__": module, "__str__": lambda self: message})
         try:
-            e = cls(message)
-        except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+            e = cls.__new__(cls)
+            BaseException.__init__(e, message)
+        except Exception:  # noqa: BLE001 - a base that cannot be made this way
             continue
         if name is not None and isinstance(e, ImportError):
             e.name = name
         return e
-    return type(type_name, (Exception,), {"__module__": module})(message)
+    return type(type_name, (Exception,), {"__module__": module, "__str__": lambda self: message})(message)
