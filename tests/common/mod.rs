@@ -106,3 +106,10 @@ pub fn tensor_op(name: &str, code: &str, tout: &[pyop::OutSpec]) -> pyop::Result
         .tout(tout.iter().cloned())
         .build()
 }
+
+/// Resident memory of this process in bytes (Linux `/proc/self/statm`).
+pub fn rss_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}

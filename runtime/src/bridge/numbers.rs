@@ -114,6 +114,11 @@ pub(crate) fn to_tensor(
     }
     let is_number =
         exact_number || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
+    if !is_number && !value.is_instance_of::<PyList>() {
+        if let Some(t) = from_dlpack(py, value, dtype)? {
+            return Ok(t);
+        }
+    }
     if is_number || value.is_instance_of::<PyList>() {
         let mut leaves = Vec::new();
         let mut dims = Vec::new();
@@ -128,6 +133,53 @@ pub(crate) fn to_tensor(
             .map_err(|e| ConversionError::Invalid(e.to_string()));
     }
     Err(ConversionError::NotTensorLike(describe_value(value)))
+}
+
+/// Any other DLPack producer (a PyTorch tensor, a CuPy or JAX array): read through NumPy's
+/// `from_dlpack` (imported for it; zero-copy on the CPU) and copied once into the tensor, as any
+/// array is (candle's CPU storage is a `Vec` of its own). Producers on another device than the
+/// CPU are refused with what to do instead.
+fn from_dlpack(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+) -> std::result::Result<Option<Tensor>, ConversionError> {
+    if !value
+        .hasattr(pyo3::intern!(py, "__dlpack__"))
+        .unwrap_or(false)
+    {
+        return Ok(None);
+    }
+    let invalid = |what: String| ConversionError::Invalid(what);
+    let device: Option<(i32, i32)> = value
+        .call_method0(pyo3::intern!(py, "__dlpack_device__"))
+        .and_then(|d| d.extract())
+        .ok();
+    if let Some((kind, _)) = device.filter(|(kind, _)| *kind != 1) {
+        return Err(invalid(format!(
+            "a DLPack value on device type {kind} (not the CPU) cannot be an output yet: move it              to the CPU (`.cpu()`) or return a pyop.Tensor (got {})",
+            describe_value(value)
+        )));
+    }
+    let np = py.import("numpy").map_err(|e| {
+        invalid(format!(
+            "DLPack outputs are read through NumPy: {}",
+            crate::python::describe(py, &e)
+        ))
+    })?;
+    let array = np
+        .call_method1(pyo3::intern!(py, "from_dlpack"), (value,))
+        .map_err(|e| {
+            invalid(format!(
+                "{} could not be read through DLPack: {}",
+                describe_value(value),
+                crate::python::describe(py, &e)
+            ))
+        })?;
+    let array = array
+        .cast_into::<PyUntypedArray>()
+        .map_err(|_| invalid("numpy.from_dlpack returned no array".to_owned()))?;
+    Ok(Some(array_to_tensor(py, dtype, &array)?))
 }
 
 pub(crate) fn infer_dtype(leaves: &[Scalar]) -> DType {

@@ -604,6 +604,39 @@ impl PyTensor {
     fn detach(&self) -> PyTensor {
         wrap(self.tensor.detach())
     }
+    /// A DLPack capsule of the tensor, without a copy (`copy=True` exports a copy): what
+    /// `np.from_dlpack(x)`, `torch.from_dlpack(x)` and `cupy.from_dlpack(x)` call. Read-only for
+    /// consumers that ask for DLPack 1.x (NumPy's arrays of it are read-only).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // A CPU tensor has no stream to order against; CUDA export is refused in `export`.
+        let _ = stream;
+        if let Some(device) = dl_device {
+            if device != super::dlpack::device_of(&self.tensor) {
+                return Err(pyo3::exceptions::PyBufferError::new_err(
+                    "a pyop.Tensor exports only to its own device",
+                ));
+            }
+        }
+        let t = if copy == Some(true) {
+            self.tensor.copy().map_err(value_error)?
+        } else {
+            self.tensor.clone()
+        };
+        super::dlpack::export(py, &t, max_version.is_some_and(|(major, _)| major >= 1))
+    }
+    /// `(device type, device id)` as DLPack numbers them: `(1, 0)` for the CPU, `(2, n)` for
+    /// CUDA device `n`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        super::dlpack::device_of(&self.tensor)
+    }
     /// A copy of the values as a NumPy array (needs NumPy).
     fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         to_numpy(py, &self.tensor)

@@ -10,9 +10,10 @@
 //!
 //! One file a part: the class (here), its one `#[pymethods]` block (`methods`), the helpers they
 //! share (`helpers`), the module functions (`functions`), the device new tensors land on
-//! (`device`), and the module itself (`module`).
+//! (`device`), DLPack export (`dlpack`), and the module itself (`module`).
 
 pub(crate) mod device;
+mod dlpack;
 mod functions;
 mod helpers;
 mod methods;

@@ -1,0 +1,329 @@
+//! DLPack export of `pyop.Tensor`: `__dlpack__` hands a body's tensor to NumPy, PyTorch, CuPy or
+//! JAX (`np.from_dlpack(x)`, `torch.from_dlpack(x)`) without a copy.
+//!
+//! The DLPack structs are C structs (dmlc/dlpack `dlpack.h`, v1.1), declared here `#[repr(C)]`;
+//! the unsafe part is one allocation per export and two C callbacks:
+//! - the managed tensor, its shape and strides, and a clone of the candle tensor (which keeps the
+//!   storage alive for as long as the consumer holds the memory) live in one `Box<Export>`,
+//!   whose address is the capsule's pointer and the managed tensor's `manager_ctx`;
+//! - the consumer calls `deleter` when it is done, which drops that box;
+//! - the capsule's destructor calls the deleter only if no consumer took the tensor (a consumer
+//!   renames the capsule to `used_dltensor[_versioned]`), as the protocol asks.
+//!
+//! Versioned exports (a consumer that passes `max_version >= (1, 0)`, as NumPy 2.1+ does) carry
+//! the read-only flag, so NumPy's arrays of them are read-only, as every other NumPy view of
+//! candle memory pyop hands out. A consumer of the legacy protocol, or one that ignores the flag,
+//! can write to the tensor's memory; the README says not to.
+
+use std::ffi::{c_void, CStr};
+
+use candle_core::{CpuStorage, DType, Storage, Tensor};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+
+/// `DLDeviceType::kDLCPU` and `kDLCUDA`.
+pub(crate) const DL_CPU: i32 = 1;
+pub(crate) const DL_CUDA: i32 = 2;
+
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`.
+const READ_ONLY: u64 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+#[repr(C)]
+struct DLPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+#[repr(C)]
+struct DLManagedTensorVersioned {
+    version: DLPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DLTensor,
+}
+
+/// One export: the managed tensor (first, so that its address is the export's) and what it
+/// points into.
+#[repr(C)]
+struct Export<M> {
+    managed: M,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    _tensor: Tensor,
+}
+
+const LEGACY: &CStr = c"dltensor";
+const VERSIONED: &CStr = c"dltensor_versioned";
+
+/// DLPack's dtype for a candle dtype (all of candle's, bf16 included).
+fn dl_dtype(dtype: DType) -> Option<DLDataType> {
+    let (code, bits) = match dtype {
+        DType::U8 => (1, 8),
+        DType::U32 => (1, 32),
+        DType::I16 => (0, 16),
+        DType::I32 => (0, 32),
+        DType::I64 => (0, 64),
+        DType::F16 => (2, 16),
+        DType::F32 => (2, 32),
+        DType::F64 => (2, 64),
+        DType::BF16 => (4, 16),
+        _ => return None,
+    };
+    Some(DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    })
+}
+
+/// The address of a CPU storage's first element.
+fn cpu_base(cpu: &CpuStorage) -> Option<*mut c_void> {
+    macro_rules! at {
+        ($v:expr) => {
+            $v.as_ptr() as *mut c_void
+        };
+    }
+    Some(match cpu {
+        CpuStorage::U8(v) => at!(v),
+        CpuStorage::U32(v) => at!(v),
+        CpuStorage::I16(v) => at!(v),
+        CpuStorage::I32(v) => at!(v),
+        CpuStorage::I64(v) => at!(v),
+        CpuStorage::BF16(v) => at!(v),
+        CpuStorage::F16(v) => at!(v),
+        CpuStorage::F32(v) => at!(v),
+        CpuStorage::F64(v) => at!(v),
+        _ => return None,
+    })
+}
+
+/// `(device_type, device_id)` of `__dlpack_device__`.
+pub(crate) fn device_of(t: &Tensor) -> (i32, i32) {
+    match t.device().location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => (DL_CUDA, gpu_id as i32),
+        _ => (DL_CPU, 0),
+    }
+}
+
+/// A DLPack capsule of `t` (versioned, read-only flagged, if `versioned`).
+pub(crate) fn export<'py>(
+    py: Python<'py>,
+    t: &Tensor,
+    versioned: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let Some(dtype) = dl_dtype(t.dtype()) else {
+        return Err(PyBufferError::new_err(format!(
+            "DLPack has no dtype for {}",
+            t.dtype().as_str()
+        )));
+    };
+    if !t.device().is_cpu() {
+        return Err(PyBufferError::new_err(
+            "DLPack export of CUDA tensors is not implemented yet: use the tensor's own methods \
+             in the body, or .to('cpu') first",
+        ));
+    }
+    let (data, start) = {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            unreachable!("a CPU tensor")
+        };
+        let Some(base) = cpu_base(cpu) else {
+            return Err(PyBufferError::new_err(format!(
+                "DLPack has no dtype for {}",
+                t.dtype().as_str()
+            )));
+        };
+        (base, layout.start_offset())
+    };
+    let layout = t.layout();
+    let shape: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
+    let strides: Vec<i64> = layout.stride().iter().map(|&s| s as i64).collect();
+    let tensor = DLTensor {
+        data,
+        device: DLDevice {
+            device_type: DL_CPU,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype,
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
+        byte_offset: (start * t.dtype().size_in_bytes()) as u64,
+    };
+    // The box is made first, then the tensor is pointed at its own shape and strides (moving a
+    // Vec into the box does not move its heap buffer, but filling them in afterwards is clearer).
+    if versioned {
+        let mut export = Box::new(Export {
+            managed: DLManagedTensorVersioned {
+                version: DLPackVersion { major: 1, minor: 1 },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_versioned),
+                flags: READ_ONLY,
+                dl_tensor: tensor,
+            },
+            shape,
+            strides,
+            _tensor: t.clone(),
+        });
+        export.managed.dl_tensor.shape = export.shape.as_mut_ptr();
+        export.managed.dl_tensor.strides = export.strides.as_mut_ptr();
+        let raw = Box::into_raw(export);
+        // SAFETY: `raw` is a live box; its first field is the managed tensor (repr(C)).
+        unsafe { (*raw).managed.manager_ctx = raw.cast() };
+        capsule(py, raw.cast(), VERSIONED, destroy_versioned)
+    } else {
+        let mut export = Box::new(Export {
+            managed: DLManagedTensor {
+                dl_tensor: tensor,
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_legacy),
+            },
+            shape,
+            strides,
+            _tensor: t.clone(),
+        });
+        export.managed.dl_tensor.shape = export.shape.as_mut_ptr();
+        export.managed.dl_tensor.strides = export.strides.as_mut_ptr();
+        let raw = Box::into_raw(export);
+        // SAFETY: as above.
+        unsafe { (*raw).managed.manager_ctx = raw.cast() };
+        capsule(py, raw.cast(), LEGACY, destroy_legacy)
+    }
+}
+
+/// A capsule named `name` holding `ptr`, whose destructor is `destroy`; on failure the export is
+/// freed by calling the destructor's deleter path directly.
+fn capsule<'py>(
+    py: Python<'py>,
+    ptr: *mut c_void,
+    name: &'static CStr,
+    destroy: unsafe extern "C" fn(*mut pyo3::ffi::PyObject),
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `ptr` is a live export, `name` is 'static (the capsule keeps the pointer).
+    let raw = unsafe { pyo3::ffi::PyCapsule_New(ptr, name.as_ptr(), Some(destroy)) };
+    if raw.is_null() {
+        // No capsule: nobody else has the export; free it.
+        // SAFETY: `ptr` came from Box::into_raw of an export of this kind.
+        unsafe {
+            if name == VERSIONED {
+                delete_versioned(ptr.cast());
+            } else {
+                delete_legacy(ptr.cast());
+            }
+        }
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new reference, owned from here.
+    Ok(unsafe { Bound::from_owned_ptr(py, raw) })
+}
+
+/// The deleter of a legacy export: frees the box (the tensor clone, shape, strides).
+unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+    if !managed.is_null() {
+        // SAFETY: the protocol calls this once, with the pointer `export` made by Box::into_raw
+        // (the managed tensor is the export's first field).
+        drop(unsafe { Box::from_raw(managed.cast::<Export<DLManagedTensor>>()) });
+    }
+}
+
+/// The deleter of a versioned export.
+unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
+    if !managed.is_null() {
+        // SAFETY: as `delete_legacy`.
+        drop(unsafe { Box::from_raw(managed.cast::<Export<DLManagedTensorVersioned>>()) });
+    }
+}
+
+/// The capsule's destructor: frees the export only if no consumer took it (a consumer renames
+/// the capsule and calls the deleter itself when done).
+unsafe extern "C" fn destroy_legacy(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: called by Python with the capsule, the GIL held; PyCapsule_IsValid checks the
+    // name without raising.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
+            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
+            delete_legacy(ptr.cast());
+        }
+    }
+}
+
+unsafe extern "C" fn destroy_versioned(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: as `destroy_legacy`.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
+            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
+            delete_versioned(ptr.cast());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_candle_dtype_but_fp8_has_a_dlpack_dtype() {
+        for d in [
+            DType::U8,
+            DType::U32,
+            DType::I16,
+            DType::I32,
+            DType::I64,
+            DType::BF16,
+            DType::F16,
+            DType::F32,
+            DType::F64,
+        ] {
+            let dl = dl_dtype(d).unwrap();
+            assert_eq!(usize::from(dl.bits) / 8, d.size_in_bytes(), "{d:?}");
+        }
+    }
+
+    #[test]
+    fn the_managed_tensor_is_first_in_its_export() {
+        assert_eq!(std::mem::offset_of!(Export<DLManagedTensor>, managed), 0);
+        assert_eq!(
+            std::mem::offset_of!(Export<DLManagedTensorVersioned>, managed),
+            0
+        );
+        // dlpack.h's layout on 64-bit targets.
+        assert_eq!(std::mem::size_of::<DLTensor>(), 48);
+        assert_eq!(std::mem::size_of::<DLManagedTensor>(), 64);
+        assert_eq!(std::mem::size_of::<DLManagedTensorVersioned>(), 80);
+    }
+}
