@@ -758,15 +758,26 @@ fn a_result_cannot_make_the_program_run_code() {
     let _s = serial();
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
     let one = [OutSpec::new(DType::F32)];
-    // Objects whose pickling would call `eval` in the program: a class claiming to be NumPy's,
-    // and a NumPy scalar subclass with its own __reduce__.
-    for code in [
-        "class Evil:\n    __module__ = 'numpy'\n    def __reduce__(self):\n        return (eval, (\"__import__('os')._exit(42)\",))\ndef f(x): return Evil()",
-        "class Evil(np.float32):\n    __module__ = 'numpy'\n    def __reduce__(self):\n        return (eval, (\"__import__('os')._exit(42)\",))\ndef f(x): return Evil(1.0)",
-    ] {
-        let err = in_workers(code, &one).call(&[Arg::from(&x)]).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{code}: {err}");
-    }
+    // Objects whose pickling would call `eval` in the program: a class claiming to be NumPy's
+    // (sent as a stand-in, refused), and a NumPy scalar subclass with its own __reduce__ (sent
+    // as its bytes: its reduce never runs).
+    let evil = "def __reduce__(self):\n        return (eval, (\"__import__('os')._exit(42)\",))";
+    let err = in_workers(
+        &format!("class Evil:\n    __module__ = 'numpy'\n    {evil}\ndef f(x): return Evil()"),
+        &one,
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{err}");
+    let y = in_workers(
+        &format!(
+            "class Evil(np.float32):\n    __module__ = 'numpy'\n    {evil}\ndef f(x): return Evil(1.5)"
+        ),
+        &one,
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(y[0].to_scalar::<f32>().unwrap(), 1.5);
     // Still here (the program did not exit with 42).
 }
 
@@ -1044,4 +1055,188 @@ fn import_hooks_of_the_environment_work_in_workers() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("worker: Ok([14.0])"), "{text}");
+}
+
+// --- the second review's findings ---
+
+#[test]
+fn arenas_given_back_after_a_large_call_do_not_change_results() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::new(&[1f32, 2., 3., 4.], &cpu()).unwrap();
+    // Plain arrays, a pickled tuple, and `out` buffers the body keeps a view of.
+    let plain = worker_op(
+        &pool,
+        "sized",
+        "def f(x, n):\n    return np.arange(n, dtype=np.float32) + x[0]",
+        &[OutSpec::new(DType::F32)],
+    );
+    let pickled = worker_op(
+        &pool,
+        "sized_tuple",
+        "def f(x, n):\n    return (np.arange(n, dtype=np.float32)[::-1] + x[0],)",
+        &[OutSpec::new(DType::F32)],
+    );
+    // 16 MiB once, then small calls past the point where the arenas are given back.
+    let big = plain
+        .call(&[Arg::from(&x), Arg::from(4usize << 20)])
+        .unwrap();
+    assert_eq!(big[0].dims(), [4 << 20]);
+    let big_input = Tensor::ones(4 << 20, DType::F32, &cpu()).unwrap();
+    pickled
+        .call(&[Arg::from(&big_input), Arg::from(4usize)])
+        .unwrap();
+    for i in 0..80 {
+        let y = plain.call(&[Arg::from(&x), Arg::from(4usize)]).unwrap();
+        assert_eq!(
+            y[0].to_vec1::<f32>().unwrap(),
+            [1., 2., 3., 4.],
+            "plain call {i}"
+        );
+        let y = pickled.call(&[Arg::from(&x), Arg::from(4usize)]).unwrap();
+        assert_eq!(
+            y[0].to_vec1::<f32>().unwrap(),
+            [4., 3., 2., 1.],
+            "pickled call {i}"
+        );
+    }
+}
+
+#[test]
+fn numpy_values_travel_as_bytes_never_as_pickled_numpy_state() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    // A NumPy scalar subclass claiming to be NumPy's with its own reduce: sent as its bytes.
+    let y = in_workers(
+        "class Evil(np.float64):\n    __module__ = 'numpy'\n    def __reduce_ex__(self, protocol):\n        return (np.dtype, ('O',))\ndef f(x): return Evil(2.5)",
+        &[OutSpec::new(DType::F64)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(y[0].to_scalar::<f64>().unwrap(), 2.5);
+    // ndarray subclasses read as arrays, as in the program; a masked array is refused with the
+    // program's message.
+    let y = in_workers(
+        "class A(np.ndarray):\n    pass\ndef f(x): return (x + 1).view(A)",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2.]);
+    let err = in_workers(
+        "def f(x): return np.ma.masked_array(x, mask=[True])",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("a masked array is not a tensor"),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_results_need_no_shared_memory() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for code in [
+        "def f(x): return np.zeros((0, 3), np.float32)",
+        "def f(x): return (np.zeros((0, 3), np.float32),)",
+    ] {
+        // A fresh pool: no result arena exists yet.
+        let pool = WorkerPool::new(1);
+        let y = worker_op(&pool, "empty", code, &[OutSpec::new(DType::F32)])
+            .call(&[Arg::from(&x)])
+            .unwrap_or_else(|e| panic!("{code}: {e}"));
+        assert_eq!(y[0].dims(), [0, 3], "{code}");
+    }
+}
+
+#[test]
+fn a_worker_that_cannot_map_memory_is_replaced() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    // The body keeps its input (so the next call gets a fresh input arena) and caps the
+    // worker's address space just above what it uses: the next arena cannot be mapped.
+    let op = worker_op(
+        &pool,
+        "capped",
+        "import resource\nkept = []\ndef f(x, cap):\n    if cap:\n        kept.append(x)\n        used = int(open('/proc/self/statm').read().split()[0]) * 4096\n        resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 16), resource.RLIM_INFINITY))\n    return x + 1",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    // Both arenas exist after the first call; the second caps and keeps its input.
+    op.call(&[Arg::from(&x), Arg::Bool(false)]).unwrap();
+    op.call(&[Arg::from(&x), Arg::Bool(true)]).unwrap();
+    let err = op.call(&[Arg::from(&x), Arg::Bool(false)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WorkerLost, "{err}");
+    let y = op.call(&[Arg::from(&x), Arg::Bool(false)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2.]);
+}
+
+#[test]
+fn processes_of_a_worker_that_died_idle_end_too() {
+    let _s = serial();
+    let tmp = common::TempDir::new("worker-idle-child");
+    let path = pid_file(&tmp, "sleep");
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "leaves",
+        "import subprocess\ndef f(x, path):\n    p = subprocess.Popen(['sleep', '30'])\n    open(path, 'w').write(str(p.pid))\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    op.call(&[Arg::from(&x), Arg::Str(&path)]).unwrap();
+    let sleeper = read_pid(&path);
+    let worker = pool.idle_pids()[0];
+    // SAFETY: signalling a process this test started (through the pool).
+    unsafe { libc::kill(worker as libc::pid_t, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(worker) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The next call finds the worker dead and replaces it; its subprocess goes with it.
+    let other = pid_file(&tmp, "sleep2");
+    op.call(&[Arg::from(&x), Arg::Str(&other)]).unwrap();
+    assert!(
+        gone_soon(sleeper),
+        "the dead worker's subprocess outlived it"
+    );
+    let sleeper2 = read_pid(&other);
+    drop(op);
+    drop(pool);
+    assert!(
+        gone_soon(sleeper2),
+        "the pool's last worker's subprocess outlived it"
+    );
+}
+
+#[test]
+fn a_module_that_fails_to_load_runs_its_top_level_once_per_worker() {
+    let _s = serial();
+    let tmp = common::TempDir::new("worker-load-once");
+    let marks = pid_file(&tmp, "marks");
+    let pool = WorkerPool::new(1);
+    // Loads in the program at build() (where it works: the file does not say fail yet), then
+    // fails in the worker.
+    std::fs::write(&marks, "").unwrap();
+    let op = worker_op(
+        &pool,
+        "fails_later",
+        &format!(
+            "import os\nmarks = {marks:?}\nwith open(marks, 'a') as m:\n    m.write('x')\nif os.getpid() != {parent}:\n    raise RuntimeError('not here')\ndef f(x): return x",
+            parent = std::process::id()
+        ),
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for _ in 0..3 {
+        let err = op.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Source, "{err}");
+        assert!(err.to_string().contains("cannot load the code"), "{err}");
+        assert!(err.to_string().contains("not here"), "{err}");
+    }
+    // Once in the program, once in the worker.
+    assert_eq!(std::fs::read_to_string(&marks).unwrap(), "xx");
 }

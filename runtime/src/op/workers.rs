@@ -341,7 +341,7 @@ impl OpInner {
                     worker: id,
                     _lease: lease,
                 }),
-                Err(Failure::TimedOut) => {
+                Err(Failure::TimedOut { loading: false }) => {
                     lease.discard(true);
                     Err(Error::op_failure(
                         op,
@@ -353,14 +353,30 @@ impl OpInner {
                         ),
                     ))
                 }
-                Err(Failure::Lost(how)) => {
+                Err(Failure::TimedOut { loading: true }) => {
+                    lease.discard(true);
+                    Err(Error::op_failure(
+                        op,
+                        ErrorKind::Timeout,
+                        format!(
+                            "loading the body in worker {id} (pid {pid}) took over 120 s; the \
+                             worker was killed, and the next call starts a new one"
+                        ),
+                    ))
+                }
+                Err(Failure::Lost { how, loading }) => {
                     lease.discard(false);
+                    let doing = if loading {
+                        "loading the body"
+                    } else {
+                        "running the body"
+                    };
                     Err(Error::op_failure(
                         op,
                         ErrorKind::WorkerLost,
                         format!(
-                            "worker {id} (pid {pid}) {how} while running the body; this call \
-                             failed, and the next call starts a new worker"
+                            "worker {id} (pid {pid}) {how} while {doing}; this call failed, and \
+                             the next call starts a new worker"
                         ),
                     ))
                 }
@@ -394,15 +410,17 @@ impl OpInner {
                 .iter()
                 .map(|&at| (&*reply.input, at))
                 .collect(),
-            Some(copies) => {
-                let Some(result) = &reply.result else {
-                    return Err(check.error(None, "a worker named no result memory".into()));
-                };
-                copies
-                    .iter()
-                    .map(|c| (&**result, c[1].as_u64().unwrap_or(u64::MAX) as usize))
-                    .collect()
-            }
+            Some(copies) => copies
+                .iter()
+                .map(|c| {
+                    // An empty output is named [0, 0, 0] and read from nowhere.
+                    let map = match (&reply.result, c[0].as_u64()) {
+                        (Some(result), Some(1)) => &**result,
+                        _ => &*reply.input,
+                    };
+                    (map, c[1].as_u64().unwrap_or(u64::MAX) as usize)
+                })
+                .collect(),
         };
         if places.len() != outs.len() {
             return Err(check.error(None, "a worker named the wrong outputs".into()));
@@ -411,6 +429,9 @@ impl OpInner {
             .zip(places)
             .map(|((dtype, dims), (map, at))| {
                 let len = dtype.size_in_bytes() * dims.iter().product::<usize>();
+                if len == 0 {
+                    return Ok(Tensor::zeros(dims.clone(), *dtype, check.device)?);
+                }
                 if at.checked_add(len).is_none_or(|end| end > map.len()) {
                     return Err(check.error(None, "a worker named memory outside its arena".into()));
                 }
@@ -445,6 +466,18 @@ impl OpInner {
                         .with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
                 }
                 Some("result") => result_not_sent(op, exc),
+                // The worker's own machinery failed (it exits after saying so, and is replaced).
+                Some("worker") => Error::op_failure(
+                    op,
+                    ErrorKind::WorkerLost,
+                    format!(
+                        "worker {} failed in its own code ({}: {}) and exited; the next call \
+                         starts a new worker",
+                        answer.worker,
+                        exc["type"].as_str().unwrap_or("Exception"),
+                        exc["message"].as_str().unwrap_or_default()
+                    ),
+                ),
                 _ => worker_exception(py, op, exc),
             });
         }
@@ -477,15 +510,15 @@ impl OpInner {
             match lease.worker().ask(Some((key, load)), ping, deadline) {
                 Ok(header) => Ok(header),
                 Err(f) => {
-                    let timed_out = matches!(f, Failure::TimedOut);
+                    let timed_out = matches!(f, Failure::TimedOut { .. });
                     lease.discard(timed_out);
                     Err(match f {
-                        Failure::Lost(how) => Error::op_failure(
+                        Failure::Lost { how, .. } => Error::op_failure(
                             op,
                             ErrorKind::WorkerLost,
                             format!("a worker {how} while loading the body"),
                         ),
-                        Failure::TimedOut => Error::op_failure(
+                        Failure::TimedOut { .. } => Error::op_failure(
                             op,
                             ErrorKind::Timeout,
                             "a worker took over 120 s to load the body and was killed",

@@ -476,6 +476,16 @@ fn interpreter_problem(built: &Interpreter, running: &Interpreter) -> Option<Str
     if !(version_differs || library_differs || prefix_differs) {
         return None;
     }
+    // The same version, carried to a machine where the one built against is not installed (a
+    // relocated copy: a kit, a container image): nothing else could have been meant.
+    let built_absent = built
+        .library
+        .as_ref()
+        .or(built.prefix.as_ref())
+        .is_some_and(|p| !p.exists());
+    if !version_differs && built_absent {
+        return None;
+    }
     let built_at = built
         .library
         .as_ref()
@@ -632,6 +642,20 @@ mod tests {
             p.contains("running Python 3.11.2 (/usr/lib/libpython3.11.so.1.0)"),
             "{p}"
         );
+        // A relocated copy of the same version, where the one built against is absent: fine.
+        let gone = interp("3.11.7", Some("/nonexistent/pyop-build/lib"));
+        assert_eq!(
+            interpreter_problem(
+                &gone,
+                &interp("3.11.7", Some("/kit/lib/libpython3.11.so.1.0"))
+            ),
+            None
+        );
+        assert!(interpreter_problem(
+            &gone,
+            &interp("3.11.2", Some("/kit/lib/libpython3.11.so.1.0"))
+        )
+        .is_some());
         // Only X.Y recorded (cross-compiled): the patch level is not compared.
         assert_eq!(
             interpreter_problem(&interp("3.11", None), &interp("3.11.2", None)),

@@ -107,7 +107,8 @@ pub struct PoolStats {
     pub started: u64,
     /// Time spent starting them, in all (the interpreter and NumPy, until each was ready).
     pub start_time: Duration,
-    /// Workers that died during a call (a crash, `os._exit`, a kill from outside).
+    /// Workers that died during a call (a crash, `os._exit`, a kill from outside), or while idle
+    /// (found dead when a call took them, and replaced at no call's cost).
     pub lost: u64,
     /// Workers killed because a call ran past its time limit.
     pub timed_out: u64,

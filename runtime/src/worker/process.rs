@@ -43,10 +43,11 @@ pub(crate) enum StartError {
 /// Why a call got no reply.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// Past the deadline; the worker was killed.
-    TimedOut,
-    /// The worker died: how (`exited with status 3`, `was killed by signal 11 (SIGSEGV)`).
-    Lost(String),
+    /// Past the deadline (the call's, or loading the body's); the worker was killed.
+    TimedOut { loading: bool },
+    /// The worker died: how (`exited with status 3`, `was killed by signal 11 (SIGSEGV)`), and
+    /// whether while loading the body rather than running it.
+    Lost { how: String, loading: bool },
 }
 
 /// A worker's reply: its header, its pickle, and the arenas its buffers are in (kept mapped for
@@ -93,6 +94,13 @@ pub(crate) struct Worker {
     /// Calls in a row that used under a quarter of each arena.
     small_calls: [u32; 2],
     loaded: HashSet<String>,
+    /// Modules that failed to load here, with the reply that said so: a call does not run a
+    /// failing module's top level again (the program runs it once, at `build()`).
+    failed_loads: std::collections::HashMap<String, (serde_json::Value, Vec<u8>)>,
+    /// Whether the process has been waited for (after which its id may name another process).
+    reaped: bool,
+    /// Whether the exchange under way is loading a body (for what a failure is called).
+    loading: bool,
     /// The sequence number of the last request; every reply must echo it.
     seq: u64,
 }
@@ -166,6 +174,9 @@ impl Worker {
             result: None,
             small_calls: [0; 2],
             loaded: HashSet::new(),
+            failed_loads: std::collections::HashMap::new(),
+            reaped: false,
+            loading: false,
             seq: 0,
         };
         let init = serde_json::json!({
@@ -229,20 +240,22 @@ impl Worker {
 
     /// The failure an exchange ended in, the worker killed and reaped.
     fn failure<T>(&mut self, result: Result<T, Broken>) -> Result<T, Failure> {
+        let loading = std::mem::replace(&mut self.loading, false);
+        let lost = |how: String| Failure::Lost { how, loading };
         match result {
             Ok(r) => Ok(r),
             Err(Broken::Recv(RecvError::TimedOut)) => {
                 self.kill();
-                Err(Failure::TimedOut)
+                Err(Failure::TimedOut { loading })
             }
-            Err(Broken::Recv(RecvError::Closed)) => Err(Failure::Lost(self.reap())),
+            Err(Broken::Recv(RecvError::Closed)) => Err(lost(self.reap())),
             Err(Broken::Recv(RecvError::Io(e))) => {
                 self.kill();
-                Err(Failure::Lost(format!("failed ({e}) and was killed")))
+                Err(lost(format!("failed ({e}) and was killed")))
             }
             Err(Broken::Protocol(what)) => {
                 self.kill();
-                Err(Failure::Lost(format!("{what}, and was killed")))
+                Err(lost(format!("{what}, and was killed")))
             }
         }
     }
@@ -270,22 +283,39 @@ impl Worker {
     fn exchange(&mut self, req: Request<'_>) -> Result<Reply, Broken> {
         let io = |e| Broken::Recv(RecvError::Io(e));
         if let Some((key, load)) = &req.load {
-            if !self.loaded.contains(key) {
-                // Loaded first, with its own limit: a body's time limit is its calls'.
-                self.seq += 1;
-                let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
-                wire::send(&self.sock, frame.as_bytes(), &[]).map_err(io)?;
-                let (header, payload) = self.reply(Some(Instant::now() + LOAD_TIMEOUT))?;
-                if header["s"] != "ok" {
-                    let input = self.arena_for(0, 0).map_err(io)?;
-                    return Ok(Reply {
-                        header,
-                        payload,
-                        input: Arc::clone(input.map()),
-                        result: None,
-                    });
+            let failed = match self.failed_loads.get(key) {
+                Some(reply) => Some(reply.clone()),
+                None if self.loaded.contains(key) => None,
+                None => {
+                    // Loaded first, with its own limit: a body's time limit is its calls'.
+                    self.loading = true;
+                    self.seq += 1;
+                    let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
+                    wire::send(&self.sock, frame.as_bytes(), &[]).map_err(io)?;
+                    let (header, payload) = self.reply(Some(Instant::now() + LOAD_TIMEOUT))?;
+                    self.loading = false;
+                    // An earlier generation of this op's module (hot reload) is gone there.
+                    let base = key.rsplit_once('.').map_or(key.as_str(), |(b, _)| b);
+                    self.loaded
+                        .retain(|k| k.rsplit_once('.').map_or(true, |(b, _)| b != base));
+                    if header["s"] == "ok" {
+                        self.loaded.insert(key.clone());
+                        None
+                    } else {
+                        self.failed_loads
+                            .insert(key.clone(), (header.clone(), payload.clone()));
+                        Some((header, payload))
+                    }
                 }
-                self.loaded.insert(key.clone());
+            };
+            if let Some((header, payload)) = failed {
+                let input = self.arena_for(0, 0).map_err(io)?;
+                return Ok(Reply {
+                    header,
+                    payload,
+                    input: Arc::clone(input.map()),
+                    result: None,
+                });
             }
         }
         let input = self.arena_for(0, req.arena_len).map_err(io)?;
@@ -313,13 +343,16 @@ impl Worker {
                 // one lives on in the worker for as long as what it kept.
                 self.input = None;
             }
+            // The reply keeps the arenas this call's values are in; a result arena replaced for
+            // being too large (below) is replaced after that, for the next call.
+            let result = self.result.as_ref().map(|a| Arc::clone(a.map()));
             let used = result_bytes(&header);
             self.note_use(1, used);
             return Ok(Reply {
                 header,
                 payload,
                 input,
-                result: self.result.as_ref().map(|a| Arc::clone(a.map())),
+                result,
             });
         }
     }
@@ -382,7 +415,9 @@ impl Worker {
                     w.seq += 1;
                     let frame = format!("{{\"q\":{},{}", w.seq, &load[1..]);
                     wire::send(&w.sock, frame.as_bytes(), &[]).map_err(io)?;
+                    w.loading = true;
                     let (header, _) = w.reply(deadline)?;
+                    w.loading = false;
                     if header["s"] != "ok" {
                         return Ok(header);
                     }
@@ -397,20 +432,18 @@ impl Worker {
         self.failure(result)
     }
 
-    /// Whether the process has exited (an idle worker the OOM killer took, say).
+    /// Whether the process has exited (an idle worker the OOM killer took, say). It is left
+    /// waitable (`WNOWAIT`), so its id still names it and its process group until it is reaped.
     pub(crate) fn exited(&mut self) -> bool {
-        match &self.pidfd {
-            Some(fd) => {
-                use rustix::event::{poll, PollFd, PollFlags, Timespec};
-                let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                let zero = Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
-            }
-            None => !matches!(self.child.try_wait(), Ok(None)),
+        if self.reaped {
+            return true;
         }
+        use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+        let Some(pid) = Pid::from_raw(self.pid as i32) else {
+            return true;
+        };
+        let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        !matches!(waitid(WaitId::Pid(pid), options), Ok(None))
     }
 
     fn alive(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -425,9 +458,13 @@ impl Worker {
     /// Kills the worker's whole process group (the worker and what its bodies started) before
     /// reaping it, so the group's id cannot have been reused, and reaps it.
     pub(crate) fn kill(&mut self) {
+        if self.reaped {
+            return;
+        }
         self.kill_group();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.reaped = true;
     }
 
     fn kill_group(&self) {
@@ -447,10 +484,16 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(1));
         }
         let exited = self.exited();
-        // What its bodies started, and the worker itself if it closed its socket but lives on.
+        if self.reaped {
+            return "had exited".to_owned();
+        }
+        // What its bodies started, and the worker itself if it closed its socket but lives on;
+        // then it is waited for, the group's id still its own until then.
         self.kill_group();
         let _ = self.child.kill();
-        match self.child.wait() {
+        let status = self.child.wait();
+        self.reaped = true;
+        match status {
             Ok(status) if exited => describe_exit(status),
             _ => "closed its connection and was killed".to_owned(),
         }
@@ -479,12 +522,11 @@ fn result_bytes(header: &serde_json::Value) -> usize {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // Killed with the processes its bodies started, and reaped: no zombie, no orphan. A
-        // worker holds nothing to save (module state is the body's, as in the program, where
-        // nothing runs at exit either).
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            self.kill();
-        }
+        // Killed with the processes its bodies started, and reaped: no zombie, no orphan (also
+        // for a worker that already exited: its group may outlive it). A worker holds nothing to
+        // save (module state is the body's, as in the program, where nothing runs at exit
+        // either).
+        self.kill();
     }
 }
 

@@ -21,8 +21,8 @@ pub(crate) enum StartError {
 #[derive(Debug)]
 #[allow(dead_code)]
 pub(crate) enum Failure {
-    TimedOut,
-    Lost(String),
+    TimedOut { loading: bool },
+    Lost { how: String, loading: bool },
 }
 
 pub(crate) struct Reply {

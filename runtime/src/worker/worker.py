@@ -165,6 +165,10 @@ def _load(msg):
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         _send({"s": "err", "exc": _exception_info(e, "load")})
         return
+    # An earlier generation of the same op's module (hot reload) is not needed again.
+    base = key.rsplit(".", 1)[0] + "."
+    for old in [k for k in _modules if k.startswith(base)]:
+        del _modules[old]
     _modules[key] = module
     _send({"s": "ok"})
 
@@ -213,37 +217,46 @@ _PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, s
 # Subclasses of those (a namedtuple, an IntEnum) are sent as their base type, as the program's
 # output check reads them.
 _BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset)
-# The only classes and functions a reply's pickle may name (what pickling NumPy arrays, scalars
-# and dtypes, and the plain types, needs): the program's unpickler accepts these and nothing else.
+# The only classes and functions a reply's pickle may name: the plain types' constructors and
+# this module's own constructors of arrays, scalars and the values the output check refuses. No
+# NumPy reduce runs: an array travels as its dtype's string, its shape and its bytes, so the
+# program never rebuilds a dtype from a pickled state (which can claim an object dtype's bytes are
+# plain numbers). The program's unpickler accepts these and nothing else.
 _NAMED = {
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
     ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
     ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
     ("builtins", "float"), ("builtins", "str"), ("builtins", "bytes"), ("builtins", "bool"),
-    ("_pyop_worker", "standin"),
+    ("_pyop_worker", "standin"), ("_pyop_worker", "array"), ("_pyop_worker", "scalar"),
+    ("_pyop_worker", "object_array"), ("_pyop_worker", "structured"), ("_pyop_worker", "masked"),
 }
 
 
-def _standin(qualname, module):  # replaced in the parent by a class of this name
-    raise RuntimeError("pyop worker stand-in")
+def _never(*args):  # the program's glue.py defines what these names do
+    raise RuntimeError("pyop worker constructor")
 
 
 _glue = types.ModuleType("_pyop_worker")
-_glue.standin = _standin
-_standin.__module__ = "_pyop_worker"
-_standin.__qualname__ = "standin"
 sys.modules["_pyop_worker"] = _glue
+for _name in ("standin", "array", "scalar", "object_array", "structured", "masked"):
+    _f = types.FunctionType(_never.__code__, {}, _name)
+    _f.__module__ = "_pyop_worker"
+    _f.__qualname__ = _name
+    setattr(_glue, _name, _f)
+_standin = _glue.standin
+
+
+def _array_parts(a):
+    """A plain array as (dtype string, shape, its bytes out of band)."""
+    c = a if a.flags.c_contiguous else _np.ascontiguousarray(a)
+    return (c.dtype.str, tuple(c.shape), pickle.PickleBuffer(c.reshape(-1).view(_np.uint8)))
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles what the output check needs: NumPy arrays, scalars and dtypes, numbers, strings,
-    lists, tuples and dicts. Anything else becomes a stand-in of the same type name, which the
-    parent's check describes as it would the object itself (and refuses as the in-process check
-    would)."""
+    """Pickles what the output check needs: arrays (subclasses as plain arrays, masked arrays
+    with their masks), NumPy scalars, numbers, strings, lists, tuples and dicts. Anything else
+    becomes a stand-in of the same type name, which the parent's check describes as it would
+    the object itself (and refuses as the in-process check would)."""
 
     def reducer_override(self, obj):
         t = type(obj)
@@ -254,10 +267,21 @@ class _Pickler(pickle.Pickler):
             if name in _NAMED:
                 return NotImplemented
             return (_standin, (t.__qualname__, t.__module__))
-        if t is _np.ndarray or (
-                (getattr(t, "__module__", "") or "").split(".")[0] == "numpy"
-                and isinstance(obj, (_np.generic, _np.dtype))):
-            return NotImplemented
+        if isinstance(obj, _np.ndarray):
+            if (getattr(t, "__module__", "") or "").startswith("numpy.ma"):
+                return (_glue.masked, (obj.data.view(_np.ndarray), _np.asarray(obj.mask)))
+            a = obj if t is _np.ndarray else obj.view(_np.ndarray)
+            if a.dtype.fields is not None:
+                return (_glue.structured, (tuple(a.shape), a.dtype.descr))
+            if a.dtype.hasobject:
+                return (_glue.object_array, (tuple(a.shape),))
+            return (_glue.array, _array_parts(a))
+        if isinstance(obj, _np.generic):
+            if obj.dtype.fields is not None:
+                return (_glue.structured, ((), obj.dtype.descr))
+            if obj.dtype.hasobject:
+                return (_glue.object_array, ((),))
+            return (_glue.scalar, (obj.dtype.str, obj.tobytes()))
         for base in _BASES:
             if isinstance(obj, base):
                 return (base, (base(obj),))
@@ -268,7 +292,11 @@ def _place(n, addr, placed, to_copy, raw, need):
     """Names a buffer where it lies in the input arena, or makes room for it in the result
     arena; returns the result arena's bytes needed so far."""
     inp = _arenas[0]
-    if n and inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
+    if n == 0:
+        # Nothing to copy, nowhere to read: an empty array needs no arena.
+        placed.append([0, 0, 0])
+        return need
+    if inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
         placed.append([0, addr - inp.addr, n])
         return need
     return _room(n, placed, to_copy, raw, need)
@@ -373,7 +401,7 @@ def _call(msg, fds):
     if retained:
         inp = _arenas[0]
         for p in placed:
-            if p[0] == 0:
+            if p[0] == 0 and p[2] > 0:
                 _, off, n = p
                 p.clear()
                 need = _room(n, [], to_copy, inp.view[off:off + n], need)
@@ -382,14 +410,20 @@ def _call(msg, fds):
             outs = []
             for off, dtype, shape in msg["out"]:
                 n = _count(shape) * _np.dtype(dtype).itemsize
-                need = _room(n, outs, to_copy, inp.view[off:off + n], need)
+                if n == 0:
+                    outs.append([0, 0, 0])
+                else:
+                    need = _room(n, outs, to_copy, inp.view[off:off + n], need)
     res = _arenas[1]
-    if need > (res.size if res is not None else 0):
+    if need and need > (res.size if res is not None else 0):
         _send({"s": "need", "need": need})
         nxt, nfds = _recv_frame()
         if nxt.get("op") != "arena":
-            raise RuntimeError("pyop worker: expected a result arena, got " + repr(nxt.get("op")))
-        _install_arena(1, nfds, nxt["size"])
+            os._exit(72)
+        try:
+            _install_arena(1, nfds, nxt["size"])
+        except BaseException:  # noqa: BLE001 - as in the main loop
+            os._exit(71)
         res = _arenas[1]
     for off, raw in to_copy:
         res.view[off:off + raw.nbytes] = raw
@@ -479,13 +513,19 @@ def _main():
     _send({"s": "ok", "pid": os.getpid(), "python": sys.version.split()[0], "numpy": numpy.__version__})
     while True:
         msg, fds = _recv_frame()
-        _seq = msg.get("q", 0)
         op = msg["op"]
+        if op == "arena":
+            # Never answered (the parent sends it between calls); a worker that cannot map its
+            # memory cannot serve: it exits, and the parent replaces it.
+            try:
+                _install_arena(msg["which"], fds, msg["size"])
+            except BaseException:  # noqa: BLE001
+                os._exit(71)
+            continue
+        _seq = msg.get("q", 0)
         try:
             if op == "call":
                 _call(msg, fds)
-            elif op == "arena":
-                _install_arena(msg["which"], fds, msg["size"])
             elif op == "load":
                 _load(msg)
             elif op == "ping":
@@ -493,9 +533,10 @@ def _main():
             elif op == "exit":
                 _exit_quietly()
         except BaseException as e:  # noqa: BLE001 - a failure of the worker itself
+            # Said, then the worker exits: its state is not to be trusted with another call.
             try:
                 _send({"s": "err", "exc": _exception_info(e, "worker")})
-            except BaseException:  # noqa: BLE001 - nothing left to say it with
+            finally:
                 os._exit(70)
 
 

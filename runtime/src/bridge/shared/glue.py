@@ -27,13 +27,11 @@ def _standin(qualname, module):
     return _standin_class(qualname, module)()
 
 
-# What a worker's pickle may name: exactly what pickling NumPy arrays, scalars and dtypes and the
-# plain types needs (worker.py's `_NAMED`), nothing that runs other code.
+# What a worker's pickle may name (worker.py's `_NAMED`): the plain types' constructors and the
+# constructors below, which rebuild arrays from a dtype string, a shape and bytes. No NumPy reduce
+# and no dtype state is ever unpickled, so nothing a body returns can make the program run code
+# or read plain bytes as objects.
 _ALLOWED = {
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
     ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
     ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
@@ -41,10 +39,57 @@ _ALLOWED = {
 }
 
 
+def _plain_dtype(text):
+    import numpy
+
+    dt = numpy.dtype(str(text))
+    if dt.hasobject or dt.fields is not None:
+        raise _pickle.UnpicklingError("a pyop worker sent bytes of a dtype with objects or fields")
+    return dt
+
+
+def _array(dtype, shape, buffer):
+    import numpy
+
+    return numpy.frombuffer(buffer, dtype=_plain_dtype(dtype)).reshape(tuple(shape))
+
+
+def _scalar(dtype, data):
+    import numpy
+
+    return numpy.frombuffer(bytes(data), dtype=_plain_dtype(dtype))[0]
+
+
+def _object_array(shape):
+    # Its values do not matter: the output check refuses object arrays.
+    import numpy
+
+    return numpy.empty(tuple(shape), dtype=object)
+
+
+def _structured(shape, descr):
+    # The same: refused for having fields, whatever they hold.
+    import numpy
+
+    return numpy.zeros(tuple(shape), dtype=numpy.dtype([tuple(f) for f in descr]))
+
+
+def _masked(data, mask):
+    import numpy
+
+    return numpy.ma.masked_array(data, mask=mask)
+
+
+_CONSTRUCTORS = {
+    "standin": _standin, "array": _array, "scalar": _scalar, "object_array": _object_array,
+    "structured": _structured, "masked": _masked,
+}
+
+
 class _Unpickler(_pickle.Unpickler):
     def find_class(self, module, name):
-        if module == "_pyop_worker" and name == "standin":
-            return _standin
+        if module == "_pyop_worker" and name in _CONSTRUCTORS:
+            return _CONSTRUCTORS[name]
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         raise _pickle.UnpicklingError(

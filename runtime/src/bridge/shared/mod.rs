@@ -99,13 +99,17 @@ pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound
     glue_fn(py, "loads")?.call1((PyBytes::new(py, &reply.payload), buffers))
 }
 
-/// The bytes a reply names, `[arena, offset, length]`, checked to lie in that arena.
+/// The bytes a reply names, `[arena, offset, length]`, checked to lie in that arena (an empty
+/// buffer is read from nowhere).
 fn shared_bytes<'py>(
     py: Python<'py>,
     reply: &Reply,
     at: &serde_json::Value,
-) -> PyResult<Bound<'py, SharedBytes>> {
+) -> PyResult<Bound<'py, PyAny>> {
     let field = |i: usize| at[i].as_u64().unwrap_or(u64::MAX) as usize;
+    if field(2) == 0 {
+        return Ok(PyBytes::new(py, b"").into_any());
+    }
     let map = match field(0) {
         0 => Some(&reply.input),
         _ => reply.result.as_ref(),
@@ -116,14 +120,15 @@ fn shared_bytes<'py>(
             "a worker named a buffer outside its shared memory",
         ));
     };
-    Bound::new(
+    Ok(Bound::new(
         py,
         SharedBytes {
             map: Arc::clone(map),
             offset,
             len,
         },
-    )
+    )?
+    .into_any())
 }
 
 /// The error a worker's exception (`exc` of its reply) becomes: the same kind, exception name
