@@ -65,8 +65,11 @@ for top, dirs, files in os.walk(dest, topdown=True):
         if d in ("tests", "__pycache__"):
             shutil.rmtree(os.path.join(top, d))
             dirs.remove(d)
-# Symbols nobody reads on the GPU machine.
-for top, _, files in os.walk(dest):
+# Symbols nobody reads on the GPU machine: libpython, the executable and the standard library's
+# extensions (not site-packages: wheels' libraries are patched by auditwheel, which strip can
+# break).
+for top, dirs, files in os.walk(dest):
+    dirs[:] = [d for d in dirs if d != "site-packages"]
     for f in files:
         path = os.path.join(top, f)
         if (".so" in f or f.startswith("python")) and not os.path.islink(path):

@@ -476,14 +476,19 @@ fn interpreter_problem(built: &Interpreter, running: &Interpreter) -> Option<Str
     if !(version_differs || library_differs || prefix_differs) {
         return None;
     }
-    // The same version, carried to a machine where the one built against is not installed (a
-    // relocated copy: a kit, a container image): nothing else could have been meant.
+    // The same version, relocated on purpose: carried to a machine where the one built against
+    // is not installed (a kit, a container image), or started with PYTHONHOME naming the copy
+    // that runs. Nothing else could have been meant.
     let built_absent = built
         .library
         .as_ref()
         .or(built.prefix.as_ref())
         .is_some_and(|p| !p.exists());
-    if !version_differs && built_absent {
+    let home_named = std::env::var_os("PYTHONHOME")
+        .filter(|h| !h.is_empty())
+        .zip(running.prefix.as_ref())
+        .is_some_and(|(home, prefix)| same_path(Path::new(&home), prefix));
+    if !version_differs && (built_absent || home_named) {
         return None;
     }
     let built_at = built

@@ -297,7 +297,7 @@ impl Worker {
                     // An earlier generation of this op's module (hot reload) is gone there.
                     let base = key.rsplit_once('.').map_or(key.as_str(), |(b, _)| b);
                     self.loaded
-                        .retain(|k| k.rsplit_once('.').map_or(true, |(b, _)| b != base));
+                        .retain(|k| k.rsplit_once('.').is_none_or(|(b, _)| b != base));
                     if header["s"] == "ok" {
                         self.loaded.insert(key.clone());
                         None
