@@ -76,6 +76,10 @@ case "${1:-}" in
       MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
         --disable-error-code var-annotated --no-error-summary "$bodies"
     done
+    # The GPU kit as it is carried to a GPU machine (scripts/gpu-kit.sh), built without CUDA
+    # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
+    # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
+    PYTHON312=$("$python" -c 'import sys; print(sys.executable)') scripts/gpu-kit.sh --cpu --verify
     ;;
   true)
     ;;  # only the set-up above (used by scripts/bench.sh)

@@ -141,13 +141,30 @@ fn dlpack_producers_are_outputs() {
     let err = wrong.call(&[Arg::from(&x)]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutputMismatch);
     assert!(err.to_string().contains("expected dtype f32"), "{err}");
+    // A producer on a GPU is asked for a copy on the host, which then goes to the op's device.
     let gpu = op(
         &format!("{wrap}def f(x):\n    p = Producer(np.arange(3, dtype=np.float32))\n    p.dev = (2, 0)\n    return p"),
         &[OutSpec::new(DType::F32)],
     );
-    let err = gpu.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(
+        gpu.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [0., 1., 2.]
+    );
+    // One that cannot make that copy says so.
+    let stuck = op(
+        "class Stuck:\n    def __dlpack__(self, **kw):\n        raise BufferError('no copy to the host')\n    def __dlpack_device__(self):\n        return (2, 0)\ndef f(x):\n    return Stuck()",
+        &[OutSpec::new(DType::F32)],
+    );
+    let err = stuck.call(&[Arg::from(&x)]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutputMismatch);
-    assert!(err.to_string().contains("cannot be an output yet"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("could not be read through DLPack as a copy on the host"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no copy to the host"), "{err}");
     // pyop.Tensor stays its own fast path (no DLPack round trip): the same storage comes back.
     let same = op("def f(x):\n    return x", &[OutSpec::same_as(0)]);
     let y = same.call(&[Arg::from(&x)]).unwrap().remove(0);

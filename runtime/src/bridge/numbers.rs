@@ -155,27 +155,42 @@ fn from_dlpack(
         .call_method0(pyo3::intern!(py, "__dlpack_device__"))
         .and_then(|d| d.extract())
         .ok();
-    if let Some((kind, _)) = device.filter(|(kind, _)| *kind != 1) {
-        return Err(invalid(format!(
-            "a DLPack value on device type {kind} (not the CPU) cannot be an output yet: move it              to the CPU (`.cpu()`) or return a pyop.Tensor (got {})",
-            describe_value(value)
-        )));
-    }
+    let on_host = device.is_none_or(|(kind, _)| kind == 1);
     let np = py.import("numpy").map_err(|e| {
         invalid(format!(
             "DLPack outputs are read through NumPy: {}",
             crate::python::describe(py, &e)
         ))
     })?;
-    let array = np
-        .call_method1(pyo3::intern!(py, "from_dlpack"), (value,))
-        .map_err(|e| {
-            invalid(format!(
-                "{} could not be read through DLPack: {}",
-                describe_value(value),
-                crate::python::describe(py, &e)
-            ))
-        })?;
+    let from_dlpack = np.getattr(pyo3::intern!(py, "from_dlpack")).map_err(|e| {
+        invalid(format!(
+            "DLPack outputs need numpy.from_dlpack: {}",
+            crate::python::describe(py, &e)
+        ))
+    })?;
+    // A producer on a GPU is asked for a copy on the host (DLPack 1.x's `dl_device`, NumPy 2.1's
+    // `device="cpu", copy=True`), which then goes to the op's device as any output does.
+    let array = if on_host {
+        from_dlpack.call1((value,))
+    } else {
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs
+            .set_item("device", "cpu")
+            .and_then(|()| kwargs.set_item("copy", true))
+            .and_then(|()| from_dlpack.call((value,), Some(&kwargs)))
+    }
+    .map_err(|e| {
+        invalid(format!(
+            "{} could not be read through DLPack{}: {}",
+            describe_value(value),
+            if on_host {
+                ""
+            } else {
+                " as a copy on the host"
+            },
+            crate::python::describe(py, &e)
+        ))
+    })?;
     let array = array
         .cast_into::<PyUntypedArray>()
         .map_err(|_| invalid("numpy.from_dlpack returned no array".to_owned()))?;

@@ -131,6 +131,44 @@ fn cpu_base(cpu: &CpuStorage) -> Option<*mut c_void> {
     })
 }
 
+/// The device address of a CUDA storage's first element. The storage's own stream is the one
+/// candle's work on it runs on; `export`'s caller orders the consumer after it.
+#[cfg(feature = "cuda")]
+fn cuda_base(cuda: &candle_core::CudaStorage) -> Option<*mut c_void> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let stream = cuda.device.cuda_stream();
+    macro_rules! at {
+        ($t:ty) => {{
+            let slice = cuda.as_cuda_slice::<$t>().ok()?;
+            let (ptr, _recorded) = slice.device_ptr(&stream);
+            ptr as usize as *mut c_void
+        }};
+    }
+    Some(match cuda.dtype() {
+        DType::U8 => at!(u8),
+        DType::U32 => at!(u32),
+        DType::I16 => at!(i16),
+        DType::I32 => at!(i32),
+        DType::I64 => at!(i64),
+        DType::BF16 => at!(half::bf16),
+        DType::F16 => at!(half::f16),
+        DType::F32 => at!(f32),
+        DType::F64 => at!(f64),
+        _ => return None,
+    })
+}
+
+/// Makes the tensor's pending CUDA work visible to a consumer on `stream` (DLPack's contract: the
+/// producer orders the consumer's stream after its own). candle's stream is synchronized, which
+/// holds for every consumer stream; `-1` says the consumer needs no ordering. A CPU tensor needs
+/// none.
+pub(crate) fn order_for(t: &Tensor, stream: Option<i64>) -> candle_core::Result<()> {
+    if t.device().is_cpu() || stream == Some(-1) {
+        return Ok(());
+    }
+    t.device().synchronize()
+}
+
 /// `(device_type, device_id)` of `__dlpack_device__`.
 pub(crate) fn device_of(t: &Tensor) -> (i32, i32) {
     match t.device().location() {
@@ -151,21 +189,20 @@ pub(crate) fn export<'py>(
             t.dtype().as_str()
         )));
     };
-    if !t.device().is_cpu() {
-        return Err(PyBufferError::new_err(
-            "DLPack export of CUDA tensors is not implemented yet: use the tensor's own methods \
-             in the body, or .to('cpu') first",
-        ));
-    }
+    let (device_type, device_id) = device_of(t);
     let (data, start) = {
         let (storage, layout) = t.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            unreachable!("a CPU tensor")
+        let base = match &*storage {
+            Storage::Cpu(cpu) => cpu_base(cpu),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(cuda) => cuda_base(cuda),
+            _ => None,
         };
-        let Some(base) = cpu_base(cpu) else {
+        let Some(base) = base else {
             return Err(PyBufferError::new_err(format!(
-                "DLPack has no dtype for {}",
-                t.dtype().as_str()
+                "DLPack export of a {} tensor on {:?} is not supported",
+                t.dtype().as_str(),
+                t.device().location()
             )));
         };
         (base, layout.start_offset())
@@ -176,8 +213,8 @@ pub(crate) fn export<'py>(
     let tensor = DLTensor {
         data,
         device: DLDevice {
-            device_type: DL_CPU,
-            device_id: 0,
+            device_type,
+            device_id,
         },
         ndim: shape.len() as i32,
         dtype,

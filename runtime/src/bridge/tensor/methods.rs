@@ -611,13 +611,11 @@ impl PyTensor {
     fn __dlpack__<'py>(
         &self,
         py: Python<'py>,
-        stream: Option<&Bound<'py, PyAny>>,
+        stream: Option<i64>,
         max_version: Option<(u32, u32)>,
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // A CPU tensor has no stream to order against; CUDA export is refused in `export`.
-        let _ = stream;
         if let Some(device) = dl_device {
             if device != super::dlpack::device_of(&self.tensor) {
                 return Err(pyo3::exceptions::PyBufferError::new_err(
@@ -630,6 +628,8 @@ impl PyTensor {
         } else {
             self.tensor.clone()
         };
+        // Work candle queued on the tensor's stream is done before a consumer's stream reads it.
+        super::dlpack::order_for(&t, stream).map_err(value_error)?;
         super::dlpack::export(py, &t, max_version.is_some_and(|(major, _)| major >= 1))
     }
     /// `(device type, device id)` as DLPack numbers them: `(1, 0)` for the CPU, `(2, n)` for
