@@ -26,7 +26,11 @@ fn log_huber(x: &Tensor, m: &Tensor) -> pyop::Result<Tensor>;
 fn zscore(x: &Tensor) -> pyop::Result<Tensor>;
 
 fn main() -> pyop::Result<()> {
-    let device = Device::cuda_if_available(0)?;
+    // A CUDA build on a machine without a GPU (or its driver) runs on the CPU, and says why.
+    let device = Device::cuda_if_available(0).unwrap_or_else(|e| {
+        eprintln!("no CUDA device ({e}): running on the CPU");
+        Device::Cpu
+    });
     println!("device: {device:?}");
     let x = Var::new(3.0f32, &device)?;
     let m = Var::new(2.0f32, &device)?;

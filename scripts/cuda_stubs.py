@@ -1,7 +1,9 @@
 """Link stubs for the CUDA libraries candle links (cudarc's dynamic linking): one shared library
 per CUDA library, with its SONAME, defining every function cudarc's bindings declare for it.
 The GPU kit links against these here, where no GPU driver or cuBLAS is installed; at run time
-the loader finds the real libraries by SONAME on the GPU machine.
+the loader finds the real libraries by SONAME on the GPU machine. On a machine without a GPU the
+kit runs with these instead: every function returns an error (CUDA_ERROR_NO_DEVICE for the
+driver), so candle finds no CUDA device and the CPU cases run.
 
     python3 scripts/cuda_stubs.py CUDARC_SOURCE_DIR OUT_DIR
 """
@@ -33,8 +35,15 @@ for lib, (bindings, soname) in LIBS.items():
         f.write("/* Link stub for %s: %d functions from cudarc's bindings; never run. */\n"
                 % (soname, len(names)))
         for n in names:
-            f.write("void %s(void) {}\n" % n)
+            # 100 is CUDA_ERROR_NO_DEVICE; for the libraries' own status codes, any non-zero
+            # value is a failure.
+            f.write("int %s(void) { return 100; }\n" % n)
     target = os.path.join(out, "lib%s.so" % lib)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", target, "-Wl,-soname," + soname, source],
                    check=True)
+    # The name the loader asks for at run time.
+    by_soname = os.path.join(out, soname)
+    if os.path.lexists(by_soname):
+        os.remove(by_soname)
+    os.symlink("lib%s.so" % lib, by_soname)
     print("cuda_stubs: %s (%s, %d functions)" % (target, soname, len(names)))

@@ -76,6 +76,10 @@ for p in json.load(sys.stdin)["packages"]:
     if p["name"] == "cudarc":
         print(p["manifest_path"].rsplit("/", 1)[0]); break')
   "$python" scripts/cuda_stubs.py "$cudarc" "$stubs"
+  # candle's MoE kernels are a static library that calls the CUDA runtime: link the real
+  # libcudart from the toolkit wheel (its SONAME, libcudart.so.13, is what torch's wheels bring).
+  cudart=$(ls "$CUDA_ROOT"/lib/libcudart.so.* | head -1)
+  ln -sf "$cudart" "$stubs/libcudart.so"
   rustflags="$rustflags -L native=$stubs"
 fi
 
@@ -108,6 +112,13 @@ if wanted:
     sys.exit("gpu-kit: not built: %s" % ", ".join(sorted(wanted)))
 EOF
 strip "$stage"/bin/*
+if [ "$cuda" = 1 ]; then
+  # For a machine without a GPU (this one, when verifying): stubs that report no device, and the
+  # CUDA runtime, under the names the loader asks for.
+  mkdir -p "$stage/cuda-stubs"
+  for f in "$stubs"/lib*.so.*; do cp -L "$f" "$stage/cuda-stubs/"; done
+  cp -L "$stubs/libcudart.so" "$stage/cuda-stubs/$(basename "$cudart")"
+fi
 "$python" scripts/pack_python.py "$stage/python" "$root/.venv/bin/python"
 printf '%s\n' "python $pyver" "cuda $cuda" "commit $(git rev-parse --short HEAD 2>/dev/null || echo none)" \
   > "$stage/KIT"

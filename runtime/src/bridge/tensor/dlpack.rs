@@ -134,7 +134,7 @@ fn cpu_base(cpu: &CpuStorage) -> Option<*mut c_void> {
 /// The device address of a CUDA storage's first element. The storage's own stream is the one
 /// candle's work on it runs on; `export`'s caller orders the consumer after it.
 #[cfg(feature = "cuda")]
-fn cuda_base(cuda: &candle_core::CudaStorage) -> Option<*mut c_void> {
+fn cuda_base(cuda: &candle_core::CudaStorage, dtype: DType) -> Option<*mut c_void> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     let stream = cuda.device.cuda_stream();
     macro_rules! at {
@@ -144,7 +144,7 @@ fn cuda_base(cuda: &candle_core::CudaStorage) -> Option<*mut c_void> {
             ptr as usize as *mut c_void
         }};
     }
-    Some(match cuda.dtype() {
+    Some(match dtype {
         DType::U8 => at!(u8),
         DType::U32 => at!(u32),
         DType::I16 => at!(i16),
@@ -195,7 +195,7 @@ pub(crate) fn export<'py>(
         let base = match &*storage {
             Storage::Cpu(cpu) => cpu_base(cpu),
             #[cfg(feature = "cuda")]
-            Storage::Cuda(cuda) => cuda_base(cuda),
+            Storage::Cuda(cuda) => cuda_base(cuda, t.dtype()),
             _ => None,
         };
         let Some(base) = base else {
