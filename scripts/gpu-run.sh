@@ -91,7 +91,7 @@ else
 fi
 step "tensor tests" ./bin/tensor_tests
 step "gradient tests" ./bin/grad_tests
-step "DLPack tests" ./bin/dlpack_tests
+step "DLPack tests (NumPy; torch and CuPy on CUDA)" ./bin/dlpack_tests --nocapture
 step "gpu example" ./bin/gpu
 
 echo

@@ -171,3 +171,42 @@ fn dlpack_producers_are_outputs() {
     assert_eq!(data_ptr(&y), data_ptr(&x));
     let _ = Device::Cpu;
 }
+
+/// DLPack on CUDA with PyTorch and CuPy, where the GPU kit runs (`--features cuda`, a GPU, and
+/// an environment with torch or CuPy, e.g. the GPU machine's `/opt/torch/.venv`). Elsewhere it
+/// says which of those is missing and checks nothing.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_tensors_reach_torch_and_cupy_and_come_back() {
+    let device = match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: no CUDA device here ({e})");
+            return;
+        }
+    };
+    let x = Tensor::new(&[1f32, 2., 3., 4.], &device).unwrap();
+    // The interpreter set up with its environment (PYOP_PYTHON_ENV), where torch and CuPy are.
+    pyop::python_env().unwrap();
+    for (lib, code) in [
+        (
+            "torch",
+            "def f(x):\n    import torch\n    t = torch.from_dlpack(x)\n    assert t.device.type == 'cuda', t.device\n    assert t.data_ptr() == torch.from_dlpack(x).data_ptr()\n    return t * 2",
+        ),
+        (
+            "cupy",
+            "def f(x):\n    import cupy\n    a = cupy.from_dlpack(x)\n    return a * 2",
+        ),
+    ] {
+        let have = pyop::interop::pyo3::Python::attach(|py| py.import(lib).is_ok());
+        if !have {
+            eprintln!("skipped {lib}: it cannot be imported here");
+            continue;
+        }
+        let op = tensor_op("dl_cuda", code, &[OutSpec::same_as(0)]).unwrap();
+        let y = op.call(&[Arg::from(&x)]).unwrap_or_else(|e| panic!("{lib}: {e}"));
+        assert!(y[0].device().same_device(&device), "{lib}: on the op's device");
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4., 6., 8.], "{lib}");
+        println!("{lib}: a CUDA tensor went through DLPack and came back");
+    }
+}
