@@ -264,31 +264,31 @@ fn timeout_latency(busy: usize, calls: usize) -> Duration {
     })
 }
 
-/// Time per call, as seen by total throughput, with `threads` Rust threads calling `reduce`.
-fn threads_call(threads: usize, calls: usize) -> Duration {
-    let x = Tensor::ones(4 << 20, DType::F32, &Device::Cpu).unwrap();
-    reduce(&x).unwrap();
-    median(
-        (0..reps())
-            .map(|_| {
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for _ in 0..threads {
-                        s.spawn(|| {
-                            for _ in 0..calls {
-                                reduce(&x).unwrap();
-                            }
-                        });
-                    }
-                });
-                t.elapsed() / (threads * calls) as u32
-            })
-            .collect(),
-    )
+/// Time per call, as seen by total throughput, with `threads` Rust threads each making `calls`
+/// calls of `call` (once untimed, then REPS timed runs).
+fn threaded(threads: usize, calls: usize, call: impl Fn() + Sync) -> Duration {
+    let run = |n: usize| {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| (0..n).for_each(|_| call()));
+            }
+        });
+        t.elapsed() / (threads * n.max(1)) as u32
+    };
+    run(1);
+    median((0..reps()).map(|_| run(calls)).collect())
 }
 
-/// Time per call, as seen by total throughput, with `threads` Rust threads calling the ~1 ms
-/// Python loop `f`.
+/// `threaded` over `reduce`, a body that releases the GIL for its work.
+fn threads_call(threads: usize, calls: usize) -> Duration {
+    let x = Tensor::ones(4 << 20, DType::F32, &Device::Cpu).unwrap();
+    threaded(threads, calls, || {
+        reduce(&x).unwrap();
+    })
+}
+
+/// `threaded` over the ~1 ms Python loop `f`.
 fn pyloop_threads(
     threads: usize,
     calls: usize,
@@ -296,28 +296,9 @@ fn pyloop_threads(
     f: fn(&Tensor, usize) -> pyop::Result<Tensor>,
 ) -> Duration {
     let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| f(&x, iters).unwrap());
-        }
-    });
-    median(
-        (0..reps())
-            .map(|_| {
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for _ in 0..threads {
-                        s.spawn(|| {
-                            for _ in 0..calls {
-                                f(&x, iters).unwrap();
-                            }
-                        });
-                    }
-                });
-                t.elapsed() / (threads * calls) as u32
-            })
-            .collect(),
-    )
+    threaded(threads, calls, || {
+        f(&x, iters).unwrap();
+    })
 }
 
 /// Loop iterations that make `pyloop` take about 1 ms here, in the program.

@@ -120,16 +120,8 @@ fn gil_release_child() {
 
 #[test]
 fn candle_work_in_a_body_runs_without_the_gil() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "gil_release_child", "--nocapture"])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && text.contains("child: ok"), "{text}");
+    let (passed, text) = common::child_test("gil_release_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
 }
 
 /// Every call takes the GIL once on its thread — input preparation (a `Var` snapshot), large

@@ -548,17 +548,9 @@ fn worker_start_child() {
 }
 
 fn start_child(env: &[(&str, &str)]) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "worker_start_child", "--nocapture"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+    let (passed, text) = common::child_test("worker_start_child", &env);
+    assert!(passed, "{text}");
     text
 }
 
@@ -1044,15 +1036,9 @@ fn import_hooks_of_the_environment_work_in_workers() {
          sys.meta_path.append(_F())\n",
     )
     .unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "import_hook_child", "--nocapture"])
-        .env("PYOP_PYTHON_ENV", &venv)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (_, text) = common::child_test(
+        "import_hook_child",
+        &[("PYOP_PYTHON_ENV", venv.as_os_str())],
     );
     assert!(text.contains("worker: Ok([14.0])"), "{text}");
 }

@@ -113,3 +113,20 @@ pub fn rss_bytes() -> usize {
     let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
 }
+
+/// Runs the ignored test `name` of this test binary in a child process (with `env` added), for
+/// what must not share a process with the other tests; returns whether it passed, and its
+/// stdout and stderr together.
+pub fn child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> (bool, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", name, "--nocapture"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

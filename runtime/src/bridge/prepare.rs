@@ -84,7 +84,9 @@ pub(crate) fn cpu_data_ptr(t: &Tensor) -> usize {
     element_ptr(cpu, layout.start_offset())
 }
 
-fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
+/// The address of element `offset` of a CPU storage (0 for a dtype with no plain element type,
+/// fp8, which neither NumPy nor DLPack export).
+pub(crate) fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
     macro_rules! at {
         ($v:expr) => {
             $v.as_ptr().wrapping_add(offset) as usize
@@ -96,10 +98,10 @@ fn element_ptr(cpu: &CpuStorage, offset: usize) -> usize {
         CpuStorage::I16(v) => at!(v),
         CpuStorage::I32(v) => at!(v),
         CpuStorage::I64(v) => at!(v),
+        CpuStorage::BF16(v) => at!(v),
         CpuStorage::F16(v) => at!(v),
         CpuStorage::F32(v) => at!(v),
         CpuStorage::F64(v) => at!(v),
-        // `prepare` rejects the dtypes NumPy cannot hold before asking.
         _ => 0,
     }
 }

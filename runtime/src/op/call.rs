@@ -117,6 +117,14 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
 }
 
 impl OpInner {
+    /// The outputs of this call: those declared with an argument's dtype (`tout = x.dtype`) get
+    /// it now (in numpy mode that input was checked to be a dtype NumPy holds).
+    fn resolved_tout<'t>(&'t self, args: &[Arg<'_>]) -> Result<std::borrow::Cow<'t, [OutSpec]>> {
+        OutSpec::resolve(&self.tout, args).map_err(|msg| {
+            Error::op_failure(Some(self.name.as_str()), ErrorKind::InvalidArgument, msg)
+        })
+    }
+
     /// The body's part of a forward call run in a worker process: the inputs written to its
     /// shared memory and the request sent without the GIL, then, with it, the one output check
     /// on what the worker returned (or the `out` buffers it wrote).
@@ -130,16 +138,10 @@ impl OpInner {
         span: &tracing::Span,
     ) -> Result<Vec<Tensor>> {
         let op = self;
-        let tout = op.failed_before_python(OutSpec::resolve(&op.tout, args).map_err(|msg| {
-            Error::op_failure(Some(op.name.as_str()), ErrorKind::InvalidArgument, msg)
-        }))?;
-        // Hot reload may have given the body an `out` parameter or taken it away.
-        let accepts_out = match &op.reload {
-            Some(_) => crate::bridge::with_gil(&op.name, |py| Ok(op.body_now(py).1))
-                .map(|(a, _)| a)
-                .unwrap_or(op.accepts_out),
-            None => op.accepts_out,
-        };
+        let tout = op.failed_before_python(op.resolved_tout(args))?;
+        // Hot reload may have given the body a new source, and an `out` parameter or taken it
+        // away.
+        let (reloaded, accepts_out) = op.worker_body_now();
         let outs = if accepts_out {
             out_shapes(&tout, args)
         } else {
@@ -155,6 +157,7 @@ impl OpInner {
                 groups: &[(args, Group::List)],
                 outs: outs.as_deref(),
                 timeout,
+                reloaded,
             },
         ))?;
         op.counters.record_worker(started.elapsed());
@@ -186,11 +189,7 @@ impl OpInner {
         if op.mode == Mode::Numpy {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
         }
-        // Outputs declared with an argument's dtype (`tout = x.dtype`) get it now (in numpy
-        // mode that input was checked to be a dtype NumPy holds).
-        let tout = OutSpec::resolve(&op.tout, args).map_err(|msg| {
-            Error::op_failure(Some(op.name.as_str()), ErrorKind::InvalidArgument, msg)
-        })?;
+        let tout = op.resolved_tout(args)?;
         let tout = &*tout;
         let py_args = python_args(py, op.mode, args, prepared, Lists::AsLists)
             .map_err(|e| python_error(py, &op.name, e))?;

@@ -18,8 +18,8 @@ use crate::bridge::prepare::{cpu_data_ptr, Prepared};
 use crate::bridge::shared::{reply_value, result_not_sent, worker_exception};
 use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result};
-use crate::worker::process::{Failure, Reply, Request, StartError};
 use crate::worker::{layout, Launch, Lease, WorkerPool};
+use crate::worker::{Failure, Reply, Request, StartError};
 
 /// An op's pool and how its workers load its body.
 pub(crate) struct Workers {
@@ -260,6 +260,8 @@ pub(crate) struct WorkerCall<'a> {
     /// For a body that takes `out` and whose outputs' shapes are all known.
     pub outs: Option<&'a [(DType, Vec<usize>)]>,
     pub timeout: Option<Duration>,
+    /// The source hot reload found (`worker_body_now`), if it is on.
+    pub reloaded: Option<Source>,
 }
 
 /// A reply, and where its `out` buffers are. It holds the worker until it is dropped: the
@@ -273,18 +275,32 @@ pub(crate) struct Answer {
 
 impl OpInner {
     /// Runs one call in a worker of the op's pool, without the GIL, and returns its reply.
+    /// With hot reload on, the source workers load now (the program's check, which takes the
+    /// GIL, may have found a new one) and whether the body takes `out`; without it, neither
+    /// costs anything.
+    pub(crate) fn worker_body_now(&self) -> (Option<Source>, bool) {
+        let Some(r) = &self.reload else {
+            return (None, self.accepts_out);
+        };
+        let accepts_out =
+            with_gil(&self.name, |py| Ok(self.body_now(py).1)).map_or(self.accepts_out, |(a, _)| a);
+        (Some(r.source()), accepts_out)
+    }
+
+    /// A worker of the op's pool for one call, started if none is idle (without the GIL).
+    fn lease(&self, workers: &Workers, launch: &Launch) -> Result<Lease> {
+        let lease = workers
+            .pool
+            .checkout(launch)
+            .map_err(|e| start_error(&self.name, launch, e))?;
+        lease.count_call();
+        Ok(lease)
+    }
+
     pub(crate) fn call_in_worker(&self, workers: &Workers, call: WorkerCall<'_>) -> Result<Answer> {
         let op = self.name.as_str();
         let launch = launch(op)?;
-        // Hot reload: the parent's check (with the GIL, only when it is on) finds a new source.
-        let current = self.reload.as_ref().map(|r| {
-            let _ = with_gil(op, |py| {
-                self.body_now(py);
-                Ok(())
-            });
-            r.source()
-        });
-        let (key, load) = workers.load(op, current);
+        let (key, load) = workers.load(op, call.reloaded);
         let n_in = call.inputs.tensors.len();
         let sizes = (0..n_in).map(|i| call.inputs.bytes(i).len()).chain(
             call.outs
@@ -319,11 +335,7 @@ impl OpInner {
             .map(|i| (offsets[i], call.inputs.bytes(i)))
             .collect();
         crate::python::without_gil(|| {
-            let mut lease = workers
-                .pool
-                .checkout(launch)
-                .map_err(|e| start_error(op, launch, e))?;
-            lease.count_call();
+            let mut lease = self.lease(workers, launch)?;
             let worker = lease.worker();
             let (id, pid) = (worker.id, worker.pid);
             let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
@@ -500,11 +512,7 @@ impl OpInner {
         let launch = launch(op)?;
         let (key, load) = workers.load(op, None);
         crate::python::without_gil(|| {
-            let mut lease = workers
-                .pool
-                .checkout(launch)
-                .map_err(|e| start_error(op, launch, e))?;
-            lease.count_call();
+            let mut lease = self.lease(workers, launch)?;
             let ping = json!({"op": "ping", "key": key, "fns": functions});
             let deadline = Some(Instant::now() + Duration::from_secs(120));
             match lease.worker().ask(Some((key, load)), ping, deadline) {

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use process::{StartError, Worker};
+use memmap2::MmapRaw;
+use process::Worker;
 
 /// How workers are started: the interpreter the program embeds (its installation's `python`),
 /// the embedded interpreter's `sys.path` (so imports resolve as they do in the program), and the
@@ -42,6 +43,49 @@ pub(crate) struct Launch {
     pub describe: String,
     /// The command that installs NumPy there.
     pub pip_numpy: String,
+}
+
+/// Why a worker could not start.
+#[derive(Debug)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) enum StartError {
+    /// NumPy cannot be imported there: the exception, as `Type: message`.
+    NoNumpy(String),
+    /// Anything else, said in full.
+    Failed(String),
+}
+
+/// Why a call got no reply.
+#[derive(Debug)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) enum Failure {
+    /// Past the deadline (the call's, or loading the body's); the worker was killed.
+    TimedOut { loading: bool },
+    /// The worker died: how (`exited with status 3`, `was killed by signal 11 (SIGSEGV)`), and
+    /// whether while loading the body rather than running it.
+    Lost { how: String, loading: bool },
+}
+
+/// A worker's reply: its header, its pickle, and the arenas its buffers are in (kept mapped for
+/// as long as the reply, or a view of it, lives).
+pub(crate) struct Reply {
+    pub header: serde_json::Value,
+    pub payload: Vec<u8>,
+    pub input: Arc<MmapRaw>,
+    pub result: Option<Arc<MmapRaw>>,
+}
+
+/// One request: the call's JSON, the inputs to write first, and the input arena's size needed.
+pub(crate) struct Request<'a> {
+    pub call: serde_json::Value,
+    pub inputs: Vec<(usize, &'a [u8])>,
+    pub arena_len: usize,
+    /// The module's key and the message that loads it (JSON text), sent if this worker has not
+    /// loaded it.
+    pub load: Option<(String, Arc<str>)>,
+    /// The call's time limit, counted from when the call is sent: starting a worker and loading
+    /// the body have limits of their own.
+    pub timeout: Option<Duration>,
 }
 
 /// A pool of Python worker processes that numpy-mode ops run their bodies in.

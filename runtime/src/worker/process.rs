@@ -10,11 +10,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use memmap2::MmapRaw;
-
 use super::arena::Arena;
 use super::wire::{self, RecvError};
-use super::Launch;
+use super::{Failure, Launch, Reply, Request, StartError};
 
 /// The worker's main loop, sent to it at start.
 const WORKER_PY: &str = include_str!("worker.py");
@@ -30,47 +28,6 @@ exec(compile(bytes(b), '<pyop>', 'exec'), {'__name__': '__pyop_worker__'})\n";
 
 /// How long a worker may take to start (the interpreter and NumPy).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Why a worker could not start.
-#[derive(Debug)]
-pub(crate) enum StartError {
-    /// NumPy cannot be imported there: the exception, as `Type: message`.
-    NoNumpy(String),
-    /// Anything else, said in full.
-    Failed(String),
-}
-
-/// Why a call got no reply.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Past the deadline (the call's, or loading the body's); the worker was killed.
-    TimedOut { loading: bool },
-    /// The worker died: how (`exited with status 3`, `was killed by signal 11 (SIGSEGV)`), and
-    /// whether while loading the body rather than running it.
-    Lost { how: String, loading: bool },
-}
-
-/// A worker's reply: its header, its pickle, and the arenas its buffers are in (kept mapped for
-/// as long as the reply, or a view of it, lives).
-pub(crate) struct Reply {
-    pub header: serde_json::Value,
-    pub payload: Vec<u8>,
-    pub input: Arc<MmapRaw>,
-    pub result: Option<Arc<MmapRaw>>,
-}
-
-/// One request: the call's JSON, the inputs to write first, and the input arena's size needed.
-pub(crate) struct Request<'a> {
-    pub call: serde_json::Value,
-    pub inputs: Vec<(usize, &'a [u8])>,
-    pub arena_len: usize,
-    /// The module's key and the message that loads it (JSON text), sent if this worker has not
-    /// loaded it.
-    pub load: Option<(String, Arc<str>)>,
-    /// The call's time limit, counted from when the call is sent: starting a worker and loading
-    /// the body have limits of their own.
-    pub timeout: Option<Duration>,
-}
 
 /// How long loading a body's module in a worker may take (its imports: NumPy is already there,
 /// a large library may not be).

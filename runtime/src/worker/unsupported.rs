@@ -4,41 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use memmap2::MmapRaw;
-
-use super::Launch;
-
-/// Why a worker could not start.
-#[derive(Debug)]
-pub(crate) enum StartError {
-    /// NumPy cannot be imported there (never, here).
-    #[allow(dead_code)]
-    NoNumpy(String),
-    Failed(String),
-}
-
-/// Why a call got no reply (never, here).
-#[derive(Debug)]
-#[allow(dead_code)]
-pub(crate) enum Failure {
-    TimedOut { loading: bool },
-    Lost { how: String, loading: bool },
-}
-
-pub(crate) struct Reply {
-    pub header: serde_json::Value,
-    pub payload: Vec<u8>,
-    pub input: Arc<MmapRaw>,
-    pub result: Option<Arc<MmapRaw>>,
-}
-
-pub(crate) struct Request<'a> {
-    pub call: serde_json::Value,
-    pub inputs: Vec<(usize, &'a [u8])>,
-    pub arena_len: usize,
-    pub load: Option<(String, Arc<str>)>,
-    pub timeout: Option<std::time::Duration>,
-}
+use super::{Failure, Launch, Reply, Request, StartError};
 
 pub(crate) struct Worker {
     pub id: u64,

@@ -112,19 +112,21 @@ fn wait_readable(
     alive: Option<BorrowedFd<'_>>,
 ) -> Result<(), RecvError> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    // The socket, and the pidfd when there is one (else the socket twice): no allocation in the
+    // loop a call spins in.
     let poll_fds = || {
-        let mut fds = vec![PollFd::new(sock, PollFlags::IN)];
-        if let Some(pidfd) = alive {
-            fds.push(PollFd::from_borrowed_fd(pidfd, PollFlags::IN));
-        }
-        fds
+        let pidfd = alive.unwrap_or(sock.as_fd());
+        [
+            PollFd::new(sock, PollFlags::IN),
+            PollFd::from_borrowed_fd(pidfd, PollFlags::IN),
+        ]
     };
     let ready = |fds: &[PollFd<'_>]| -> Option<Result<(), RecvError>> {
         if !fds[0].revents().is_empty() {
             return Some(Ok(()));
         }
         // The worker exited and nothing is left to read: it died.
-        if fds.len() > 1 && !fds[1].revents().is_empty() {
+        if alive.is_some() && !fds[1].revents().is_empty() {
             return Some(Err(RecvError::Closed));
         }
         None
@@ -188,7 +190,8 @@ pub(crate) fn split_reply(frame: Vec<u8>) -> std::io::Result<(serde_json::Value,
     ) as usize;
     let header = frame.get(4..4 + hlen).ok_or_else(bad)?;
     let header: serde_json::Value = serde_json::from_slice(header).map_err(|_| bad())?;
-    let payload = frame[4 + hlen..].to_vec();
+    let mut frame = frame;
+    let payload = frame.split_off(4 + hlen);
     Ok((header, payload))
 }
 

@@ -376,7 +376,7 @@ def _exception_info(e, phase):
     return info
 
 
-def _call(msg, fds):
+def _call(msg):
     module = _modules[msg["key"]]
     views = _Views()
     result, err, returned_out = _run(module, msg, views)
@@ -525,7 +525,7 @@ def _main():
         _seq = msg.get("q", 0)
         try:
             if op == "call":
-                _call(msg, fds)
+                _call(msg)
             elif op == "load":
                 _load(msg)
             elif op == "ping":

@@ -14,7 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::error::{Error, ErrorKind, IntoOpName};
 use crate::python::errors::{python_error, run_pyop_code};
-use crate::worker::process::Reply;
+use crate::worker::Reply;
 
 /// Bytes of a worker arena, exported read-only through the buffer protocol. Every view NumPy
 /// makes of them holds this object, and this object holds the mapping: the memory stays mapped

@@ -17,7 +17,7 @@
 
 use std::ffi::{c_void, CStr};
 
-use candle_core::{CpuStorage, DType, Storage, Tensor};
+use candle_core::{DType, Storage, Tensor};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 
@@ -86,9 +86,6 @@ struct Export<M> {
     _tensor: Tensor,
 }
 
-const LEGACY: &CStr = c"dltensor";
-const VERSIONED: &CStr = c"dltensor_versioned";
-
 /// DLPack's dtype for a candle dtype (all of candle's, bf16 included).
 fn dl_dtype(dtype: DType) -> Option<DLDataType> {
     let (code, bits) = match dtype {
@@ -107,27 +104,6 @@ fn dl_dtype(dtype: DType) -> Option<DLDataType> {
         code,
         bits,
         lanes: 1,
-    })
-}
-
-/// The address of a CPU storage's first element.
-fn cpu_base(cpu: &CpuStorage) -> Option<*mut c_void> {
-    macro_rules! at {
-        ($v:expr) => {
-            $v.as_ptr() as *mut c_void
-        };
-    }
-    Some(match cpu {
-        CpuStorage::U8(v) => at!(v),
-        CpuStorage::U32(v) => at!(v),
-        CpuStorage::I16(v) => at!(v),
-        CpuStorage::I32(v) => at!(v),
-        CpuStorage::I64(v) => at!(v),
-        CpuStorage::BF16(v) => at!(v),
-        CpuStorage::F16(v) => at!(v),
-        CpuStorage::F32(v) => at!(v),
-        CpuStorage::F64(v) => at!(v),
-        _ => return None,
     })
 }
 
@@ -193,7 +169,8 @@ pub(crate) fn export<'py>(
     let (data, start) = {
         let (storage, layout) = t.storage_and_layout();
         let base = match &*storage {
-            Storage::Cpu(cpu) => cpu_base(cpu),
+            Storage::Cpu(cpu) => Some(crate::bridge::prepare::element_ptr(cpu, 0) as *mut c_void)
+                .filter(|p| !p.is_null()),
             #[cfg(feature = "cuda")]
             Storage::Cuda(cuda) => cuda_base(cuda, t.dtype()),
             _ => None,
@@ -222,109 +199,105 @@ pub(crate) fn export<'py>(
         strides: std::ptr::null_mut(),
         byte_offset: (start * t.dtype().size_in_bytes()) as u64,
     };
-    // The box is made first, then the tensor is pointed at its own shape and strides (moving a
-    // Vec into the box does not move its heap buffer, but filling them in afterwards is clearer).
     if versioned {
-        let mut export = Box::new(Export {
-            managed: DLManagedTensorVersioned {
-                version: DLPackVersion { major: 1, minor: 1 },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: READ_ONLY,
-                dl_tensor: tensor,
-            },
-            shape,
-            strides,
-            _tensor: t.clone(),
-        });
-        export.managed.dl_tensor.shape = export.shape.as_mut_ptr();
-        export.managed.dl_tensor.strides = export.strides.as_mut_ptr();
-        let raw = Box::into_raw(export);
-        // SAFETY: `raw` is a live box; its first field is the managed tensor (repr(C)).
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        capsule(py, raw.cast(), VERSIONED, destroy_versioned)
+        export_as::<DLManagedTensorVersioned>(py, tensor, shape, strides, t)
     } else {
-        let mut export = Box::new(Export {
-            managed: DLManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            shape,
-            strides,
-            _tensor: t.clone(),
-        });
-        export.managed.dl_tensor.shape = export.shape.as_mut_ptr();
-        export.managed.dl_tensor.strides = export.strides.as_mut_ptr();
-        let raw = Box::into_raw(export);
-        // SAFETY: as above.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        capsule(py, raw.cast(), LEGACY, destroy_legacy)
+        export_as::<DLManagedTensor>(py, tensor, shape, strides, t)
     }
 }
 
-/// A capsule named `name` holding `ptr`, whose destructor is `destroy`; on failure the export is
-/// freed by calling the destructor's deleter path directly.
-fn capsule<'py>(
-    py: Python<'py>,
-    ptr: *mut c_void,
-    name: &'static CStr,
-    destroy: unsafe extern "C" fn(*mut pyo3::ffi::PyObject),
-) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: `ptr` is a live export, `name` is 'static (the capsule keeps the pointer).
-    let raw = unsafe { pyo3::ffi::PyCapsule_New(ptr, name.as_ptr(), Some(destroy)) };
-    if raw.is_null() {
-        // No capsule: nobody else has the export; free it.
-        // SAFETY: `ptr` came from Box::into_raw of an export of this kind.
-        unsafe {
-            if name == VERSIONED {
-                delete_versioned(ptr.cast());
-            } else {
-                delete_legacy(ptr.cast());
-            }
+/// The two managed-tensor structs of the protocol: what differs between their exports.
+trait Managed: Sized {
+    /// The capsule's name.
+    const NAME: &'static CStr;
+    /// The struct around `tensor`, with `delete::<Self>` as its deleter and no context yet.
+    fn new(tensor: DLTensor) -> Self;
+    fn parts(&mut self) -> (&mut DLTensor, &mut *mut c_void);
+}
+
+impl Managed for DLManagedTensor {
+    const NAME: &'static CStr = c"dltensor";
+    fn new(dl_tensor: DLTensor) -> Self {
+        DLManagedTensor {
+            dl_tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<Self>),
         }
+    }
+    fn parts(&mut self) -> (&mut DLTensor, &mut *mut c_void) {
+        (&mut self.dl_tensor, &mut self.manager_ctx)
+    }
+}
+
+impl Managed for DLManagedTensorVersioned {
+    const NAME: &'static CStr = c"dltensor_versioned";
+    fn new(dl_tensor: DLTensor) -> Self {
+        DLManagedTensorVersioned {
+            version: DLPackVersion { major: 1, minor: 1 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<Self>),
+            flags: READ_ONLY,
+            dl_tensor,
+        }
+    }
+    fn parts(&mut self) -> (&mut DLTensor, &mut *mut c_void) {
+        (&mut self.dl_tensor, &mut self.manager_ctx)
+    }
+}
+
+/// One export as a capsule: the box is made, the tensor pointed at the box's own shape and
+/// strides, the context at the box, and the box handed to the capsule.
+fn export_as<'py, M: Managed>(
+    py: Python<'py>,
+    tensor: DLTensor,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    t: &Tensor,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut export = Box::new(Export {
+        managed: M::new(tensor),
+        shape,
+        strides,
+        _tensor: t.clone(),
+    });
+    let (shape, strides) = (export.shape.as_mut_ptr(), export.strides.as_mut_ptr());
+    let (dl, _) = export.managed.parts();
+    dl.shape = shape;
+    dl.strides = strides;
+    let raw = Box::into_raw(export);
+    // SAFETY: `raw` is a live box; its first field is the managed tensor (repr(C)).
+    unsafe { *(*raw).managed.parts().1 = raw.cast() };
+    // SAFETY: `raw` is a live export of `M`; `M::NAME` is 'static (the capsule keeps the pointer).
+    let capsule =
+        unsafe { pyo3::ffi::PyCapsule_New(raw.cast(), M::NAME.as_ptr(), Some(destroy::<M>)) };
+    if capsule.is_null() {
+        // No capsule: nobody else has the export; free it.
+        // SAFETY: `raw` came from Box::into_raw of an `Export<M>`.
+        unsafe { delete::<M>(raw.cast()) };
         return Err(PyErr::fetch(py));
     }
     // SAFETY: a new reference, owned from here.
-    Ok(unsafe { Bound::from_owned_ptr(py, raw) })
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
 }
 
-/// The deleter of a legacy export: frees the box (the tensor clone, shape, strides).
-unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+/// The deleter: frees the box (the tensor clone, shape, strides).
+unsafe extern "C" fn delete<M: Managed>(managed: *mut M) {
     if !managed.is_null() {
-        // SAFETY: the protocol calls this once, with the pointer `export` made by Box::into_raw
-        // (the managed tensor is the export's first field).
-        drop(unsafe { Box::from_raw(managed.cast::<Export<DLManagedTensor>>()) });
-    }
-}
-
-/// The deleter of a versioned export.
-unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
-    if !managed.is_null() {
-        // SAFETY: as `delete_legacy`.
-        drop(unsafe { Box::from_raw(managed.cast::<Export<DLManagedTensorVersioned>>()) });
+        // SAFETY: the protocol calls this once, with the pointer `export_as` made by
+        // Box::into_raw (the managed tensor is the export's first field).
+        drop(unsafe { Box::from_raw(managed.cast::<Export<M>>()) });
     }
 }
 
 /// The capsule's destructor: frees the export only if no consumer took it (a consumer renames
 /// the capsule and calls the deleter itself when done).
-unsafe extern "C" fn destroy_legacy(capsule: *mut pyo3::ffi::PyObject) {
+unsafe extern "C" fn destroy<M: Managed>(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: called by Python with the capsule, the GIL held; PyCapsule_IsValid checks the
     // name without raising.
     unsafe {
-        if pyo3::ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
-            delete_legacy(ptr.cast());
-        }
-    }
-}
-
-unsafe extern "C" fn destroy_versioned(capsule: *mut pyo3::ffi::PyObject) {
-    // SAFETY: as `destroy_legacy`.
-    unsafe {
-        if pyo3::ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
-            delete_versioned(ptr.cast());
+        if pyo3::ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr());
+            delete::<M>(ptr.cast());
         }
     }
 }

@@ -164,6 +164,7 @@ impl Node {
                     ],
                     outs: None,
                     timeout: op.timeout,
+                    reloaded: op.worker_body_now().0,
                 },
             ))?;
             op.counters.record_worker(started.elapsed());
