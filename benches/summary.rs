@@ -33,6 +33,12 @@ fn numpy_plus1rev(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "import numpy as np\ndef plus1(x):\n    y = np.empty(x.nbytes + 1, np.uint8)[1:].view(np.float32)\n    return np.add(x, np.float32(1), out=y)", name = "plus1", numpy, tout = f32[x])]
 fn numpy_plus1unaligned(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// `x + 1` in numpy mode with `dlpack`: the input taken through DLPack where it is (NumPy on the
+/// CPU, CuPy, else torch, on CUDA) and the result read back by pyop's DLPack import (device to
+/// device on CUDA).
+#[py_op(code = "import numpy as np\ndef plus1(x):\n    if x.__dlpack_device__()[0] == 1:\n        return np.from_dlpack(x) + np.float32(1)\n    try:\n        import cupy\n        return cupy.from_dlpack(x) + cupy.float32(1)\n    except ImportError:\n        import torch\n        return torch.from_dlpack(x) + 1", name = "plus1", numpy, dlpack, tout = f32[x])]
+fn dlpack_plus1(x: &Tensor) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, workers = 1, tout = f32)]
 fn worker_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -375,6 +381,13 @@ fn main() {
             report_faults(&format!("numpy_plus1unaligned_{size}"), n, || {
                 chained(n, &x, numpy_plus1unaligned)
             });
+            // Where the device's array library cannot be imported, say so instead of a number.
+            match dlpack_plus1(&x) {
+                Ok(_) => report_faults(&format!("dlpack_plus1_{size}"), n, || {
+                    chained(n, &x, dlpack_plus1)
+                }),
+                Err(e) => println!("case=dlpack_plus1_{size} skipped=\"{e}\""),
+            }
             report(
                 &format!("tensor_ident_{size}"),
                 chained(n, &x, tensor_ident),

@@ -210,3 +210,384 @@ fn cuda_tensors_reach_torch_and_cupy_and_come_back() {
         println!("{lib}: a CUDA tensor went through DLPack and came back");
     }
 }
+
+/// A producer that is nothing but the protocol, around any array: what a torch tensor or a CuPy
+/// array looks like to pyop. `legacy` drops `max_version` (a producer of the protocol before 1.0,
+/// which raises `TypeError` for it).
+const PRODUCER: &str = "class Producer:\n    def __init__(self, a, legacy=False):\n        self.a = a\n        self.legacy = legacy\n    def __dlpack__(self, stream=None, **kw):\n        if self.legacy and kw:\n            raise TypeError('__dlpack__() got an unexpected keyword argument')\n        assert stream is None, stream\n        return self.a.__dlpack__(**kw)\n    def __dlpack_device__(self):\n        return self.a.__dlpack_device__()\n";
+
+fn producer_op(code: &str, tout: &[OutSpec]) -> PyOp {
+    op(&format!("{PRODUCER}{code}"), tout)
+}
+
+#[test]
+fn producers_of_every_dtype_and_layout_are_read_by_pyop_itself() {
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    // (NumPy expression, tout dtype, the values as f64, row-major).
+    let cases: &[(&str, DType, &[f64])] = &[
+        (
+            "np.arange(6, dtype=np.float32).reshape(2, 3)",
+            DType::F32,
+            &[0., 1., 2., 3., 4., 5.],
+        ),
+        (
+            "np.arange(6, dtype=np.float64).reshape(2, 3).T",
+            DType::F64,
+            &[0., 3., 1., 4., 2., 5.],
+        ),
+        (
+            "np.arange(6, dtype=np.float16)[::-1]",
+            DType::F16,
+            &[5., 4., 3., 2., 1., 0.],
+        ),
+        (
+            "np.lib.stride_tricks.as_strided(np.arange(3, dtype=np.int16), (2, 3), (0, 2))",
+            DType::I16,
+            &[0., 1., 2., 0., 1., 2.],
+        ),
+        (
+            "np.arange(10, dtype=np.int32)[1::3]",
+            DType::I32,
+            &[1., 4., 7.],
+        ),
+        (
+            "np.arange(-3, 3, dtype=np.int64).reshape(3, 2)[:, 1:]",
+            DType::I64,
+            &[-2., 0., 2.],
+        ),
+        ("np.array([250, 7], dtype=np.uint8)", DType::U8, &[250., 7.]),
+        ("np.array([True, False, True])", DType::U8, &[1., 0., 1.]),
+        (
+            "np.array([4000000000, 1], dtype=np.uint32)",
+            DType::U32,
+            &[4e9, 1.],
+        ),
+        ("np.array(2.5)", DType::F64, &[2.5]),
+        ("np.zeros((0, 3), dtype=np.float32)", DType::F32, &[]),
+        (
+            "np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))",
+            DType::F32,
+            &[0., 1., 2., 3., 4., 5.],
+        ),
+    ];
+    for legacy in [false, true] {
+        for (expr, dtype, want) in cases {
+            let code = format!(
+                "def f(x):\n    return Producer({expr}, legacy={legacy})",
+                legacy = if legacy { "True" } else { "False" }
+            );
+            let p = producer_op(&code, &[OutSpec::new(*dtype)]);
+            let y = p
+                .call(&[Arg::from(&x)])
+                .unwrap_or_else(|e| panic!("{expr} (legacy {legacy}): {e}"))
+                .remove(0);
+            let got = y.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+            assert_eq!(
+                got.to_vec1::<f64>().unwrap(),
+                *want,
+                "{expr} (legacy {legacy})"
+            );
+        }
+    }
+    // The shape comes through as well.
+    let p = producer_op(
+        "def f(x):\n    return Producer(np.zeros((2, 0, 3), dtype=np.float32))",
+        &[OutSpec::new(DType::F32)],
+    );
+    assert_eq!(p.call(&[Arg::from(&x)]).unwrap()[0].dims(), [2, 0, 3]);
+    // bf16, which NumPy lacks, from pyop's own export read back by pyop's import.
+    let b = Tensor::new(&[1.5f32, -2.25], &cpu())
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    for legacy in ["False", "True"] {
+        let p = producer_op(
+            &format!("def f(x):\n    return Producer(x, legacy={legacy})"),
+            &[OutSpec::new(DType::BF16)],
+        );
+        let y = p.call(&[Arg::from(&b)]).unwrap().remove(0);
+        assert_eq!(
+            y.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap(),
+            [1.5, -2.25]
+        );
+        assert_ne!(
+            data_ptr(&y),
+            data_ptr(&b),
+            "one copy: candle owns its storage"
+        );
+    }
+}
+
+#[test]
+fn producers_that_do_not_fit_say_why() {
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let err_of = |code: &str| {
+        let p = producer_op(code, &[OutSpec::new(DType::F32)]);
+        p.call(&[Arg::from(&x)]).unwrap_err()
+    };
+    let e = err_of("def f(x):\n    return Producer(np.zeros(2))");
+    assert_eq!(e.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        e.to_string()
+            .contains("output 0: expected dtype f32, got a DLPack tensor of dtype float64"),
+        "{e}"
+    );
+    let e = err_of("def f(x):\n    return Producer(np.zeros(2, dtype=np.uint16))");
+    assert!(
+        e.to_string()
+            .contains("expected dtype f32, got a DLPack tensor of dtype uint16"),
+        "{e}"
+    );
+    let e = err_of("def f(x):\n    return Producer(np.zeros(2, dtype=np.complex64))");
+    assert!(e.to_string().contains("dtype complex64"), "{e}");
+    // The producer's own failure, with its exception.
+    let e = err_of("class Broken(Producer):\n    def __dlpack__(self, **kw):\n        raise RuntimeError('boom')\ndef f(x):\n    return Broken(np.zeros(2, dtype=np.float32))");
+    assert_eq!(e.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        e.to_string()
+            .contains("could not be read through DLPack: __dlpack__() failed: RuntimeError: boom"),
+        "{e}"
+    );
+    // Something that is no capsule, and a capsule already consumed.
+    let e = err_of("class Liar(Producer):\n    def __dlpack__(self, **kw):\n        return 42\ndef f(x):\n    return Liar(np.zeros(2, dtype=np.float32))");
+    assert!(
+        e.to_string()
+            .contains("__dlpack__() returned int, not an unused DLPack capsule"),
+        "{e}"
+    );
+    let e = err_of("class Once(Producer):\n    cap = None\n    def __dlpack__(self, **kw):\n        if Once.cap is None:\n            Once.cap = self.a.__dlpack__(**kw)\n        return Once.cap\ndef f(x):\n    a = np.zeros(2, dtype=np.float32)\n    np.from_dlpack(Once(a))\n    return Once(a)");
+    assert!(
+        e.to_string()
+            .contains("returned PyCapsule, not an unused DLPack capsule"),
+        "{e}"
+    );
+    // A shape that is not the declared one is the output check's usual error.
+    let p = producer_op(
+        "def f(x):\n    return Producer(np.zeros((2, 2), dtype=np.float32))",
+        &[OutSpec::shaped(DType::F32, vec![Some(3)])],
+    );
+    let e = p.call(&[Arg::from(&x)]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("output 0: expected shape f32[3], got shape [2, 2]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_read_producer_is_released_once() {
+    // NumPy's export holds a reference to its array until the consumer calls the deleter: after
+    // pyop read it, the array's reference count is what it was, for both protocol versions.
+    let p = producer_op(
+        "import sys\nA = np.arange(4, dtype=np.float32)\ndef f(x, legacy, count):\n    if count:\n        return np.array([sys.getrefcount(A)], dtype=np.float32)\n    return Producer(A, legacy=legacy)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let count = |p: &PyOp| {
+        p.call(&[Arg::from(&x), Arg::Bool(false), Arg::Bool(true)])
+            .unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap()[0]
+    };
+    let before = count(&p);
+    for legacy in [false, true] {
+        for _ in 0..10 {
+            let y = p
+                .call(&[Arg::from(&x), Arg::Bool(legacy), Arg::Bool(false)])
+                .unwrap();
+            assert_eq!(y[0].to_vec1::<f32>().unwrap(), [0., 1., 2., 3.]);
+        }
+        assert_eq!(count(&p), before, "legacy {legacy}: every export released");
+    }
+}
+
+fn dlpack_op(code: &str, tout: &[OutSpec]) -> pyop::Result<PyOp> {
+    PyOp::builder("dl_numpy")
+        .code(format!("import numpy as np\nimport pyop\n{code}"))
+        .function("f")
+        .numpy()
+        .dlpack()
+        .tout(tout.iter().cloned())
+        .build()
+}
+
+#[test]
+fn a_dlpack_numpy_op_gets_producers_on_the_device_without_a_copy() {
+    let x = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &cpu()).unwrap();
+    let op = dlpack_op(
+        "def f(x, k):\n    assert isinstance(x, pyop.Tensor), type(x)\n    a = np.from_dlpack(x)\n    return np.array([a.__array_interface__['data'][0], a.flags.writeable], dtype=np.int64), a * k",
+        &[OutSpec::new(DType::I64), OutSpec::same_as(0)],
+    )
+    .unwrap();
+    assert!(op.passes_dlpack());
+    let y = op.call(&[Arg::from(&x), Arg::F64(2.0)]).unwrap();
+    let probe = y[0].to_vec1::<i64>().unwrap();
+    assert_eq!(probe[0] as usize, data_ptr(&x), "the input's own memory");
+    assert_eq!(probe[1], 0, "read-only");
+    assert_eq!(
+        y[1].to_vec2::<f32>().unwrap(),
+        [[2., 4., 6.], [8., 10., 12.]]
+    );
+    // bf16 in and out, which NumPy views cannot carry: the body hands the producer back.
+    let b = x.to_dtype(DType::BF16).unwrap();
+    let same = dlpack_op(
+        &format!("{PRODUCER}def f(x):\n    return Producer(x)"),
+        &[OutSpec::same_as(0)],
+    )
+    .unwrap();
+    let y = same.call(&[Arg::from(&b)]).unwrap().remove(0);
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_eq!(
+        y.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+        x.to_vec2::<f32>().unwrap()
+    );
+    // fp8 is refused before the body, by name.
+    let f8 = x.to_dtype(DType::F8E4M3).unwrap();
+    let e = same.call(&[Arg::from(&f8)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.to_string()
+            .contains("input 0 is f8e4m3, which DLPack cannot carry"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dlpack_numpy_op_takes_its_python_gradient_through_dlpack() {
+    let op = PyOp::builder("dl_square")
+        .code("import numpy as np\nimport pyop\ndef f(x):\n    return np.from_dlpack(x) ** 2\ndef g(inputs, outputs, grads):\n    (x,), (y,), (dy,) = inputs, outputs, grads\n    assert all(isinstance(t, pyop.Tensor) for t in (x, y, dy))\n    return 2 * np.from_dlpack(x) * np.from_dlpack(dy)")
+        .function("f")
+        .gradient("g")
+        .numpy()
+        .dlpack()
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap();
+    let v = pyop::candle::Var::new(&[1.5f64, -2.0, 3.0], &cpu()).unwrap();
+    let y = op.call(&[Arg::from(v.as_tensor())]).unwrap().remove(0);
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [2.25, 4.0, 9.0]);
+    let w = Tensor::new(&[1f64, 10., 100.], &cpu()).unwrap();
+    let grads = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = grads.get(v.as_tensor()).unwrap().to_vec1::<f64>().unwrap();
+    assert_eq!(g, [3.0, -40.0, 600.0]);
+}
+
+#[test]
+fn dlpack_is_numpy_modes_option_and_not_for_workers() {
+    let e = PyOp::builder("t")
+        .code("def t(x):\n    return x")
+        .dlpack()
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.to_string().contains("`dlpack` is numpy mode's option"),
+        "{e}"
+    );
+    let e = PyOp::builder("w")
+        .code("def w(x):\n    return x")
+        .numpy()
+        .dlpack()
+        .workers(1)
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a worker process cannot reach: drop the pool or `.dlpack()`"),
+        "{e}"
+    );
+    // Outputs: what DLPack carries (bf16 yes, fp8 no).
+    assert!(dlpack_op("def f(x):\n    return x", &[OutSpec::new(DType::BF16)]).is_ok());
+    let e = dlpack_op("def f(x):\n    return x", &[OutSpec::new(DType::F8E4M3)]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("output 0 is f8e4m3, which DLPack cannot carry"),
+        "{e}"
+    );
+}
+
+#[pyop::py_op(
+    code = "import numpy as np\ndef scaled(x, k):\n    return np.from_dlpack(x) * k",
+    numpy,
+    dlpack,
+    tout = f32[x]
+)]
+fn scaled(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+#[test]
+fn a_declared_dlpack_op() {
+    let x = Tensor::new(&[[1f32, -2.], [3., 4.5]], &cpu()).unwrap();
+    assert_eq!(
+        scaled(&x, 2.0).unwrap().to_vec2::<f32>().unwrap(),
+        [[2., -4.], [6., 9.]]
+    );
+    let op = pyop::registered_op("scaled").expect("registered");
+    assert!(op.decl().dlpack());
+}
+
+/// A numpy-mode `dlpack` op on CUDA: the body gets device memory (CuPy, torch) and its device
+/// results come back device to device. The producer below refuses any copy to the host, so a
+/// result that went through the host would fail; it also checks that pyop passed candle's stream.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
+    let device = match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: no CUDA device here ({e})");
+            return;
+        }
+    };
+    pyop::python_env().unwrap();
+    let device_only = "class DeviceOnly:\n    def __init__(self, a):\n        self.a = a\n    def __dlpack__(self, stream=None, **kw):\n        if kw.get('dl_device') is not None or kw.get('copy'):\n            raise BufferError('a copy to the host was asked for')\n        assert isinstance(stream, int) and stream not in (0, -1), stream\n        return self.a.__dlpack__(stream=stream, **kw)\n    def __dlpack_device__(self):\n        return self.a.__dlpack_device__()\n";
+    let x = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &device).unwrap();
+    for (lib, body) in [
+        ("cupy", "    import cupy\n    a = cupy.from_dlpack(x)\n    assert isinstance(a, cupy.ndarray)\n    return DeviceOnly(a * 2)"),
+        ("torch", "    import torch\n    t = torch.from_dlpack(x)\n    assert t.is_cuda\n    return DeviceOnly(t * 2)"),
+    ] {
+        if !pyop::interop::pyo3::Python::attach(|py| py.import(lib).is_ok()) {
+            eprintln!("skipped {lib}: it cannot be imported here");
+            continue;
+        }
+        let op = dlpack_op(&format!("{device_only}def f(x):\n{body}"), &[OutSpec::same_as(0)])
+            .unwrap();
+        let y = op.call(&[Arg::from(&x)]).unwrap_or_else(|e| panic!("{lib}: {e}"));
+        assert!(y[0].device().same_device(&device), "{lib}: on the op's device");
+        assert_eq!(
+            y[0].to_vec2::<f32>().unwrap(),
+            [[2., 4., 6.], [8., 10., 12.]],
+            "{lib}"
+        );
+        println!("{lib}: a numpy-mode dlpack op on CUDA returned device memory, copied device to device");
+    }
+    if pyop::interop::pyo3::Python::attach(|py| py.import("torch").is_ok()) {
+        // A strided CUDA result goes through the host (said in the README); bf16 stays on the device.
+        let op = dlpack_op(
+            &format!("{device_only}def f(x):\n    import torch\n    t = torch.from_dlpack(x)\n    return t.t(), DeviceOnly(t.to(torch.bfloat16))"),
+            &[OutSpec::new(DType::F32), OutSpec::new(DType::BF16)],
+        )
+        .unwrap();
+        let y = op.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(
+            y[0].to_vec2::<f32>().unwrap(),
+            [[1., 4.], [2., 5.], [3., 6.]]
+        );
+        assert_eq!(
+            y[1].to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+            x.to_vec2::<f32>().unwrap()
+        );
+        // A large result: the copy is ordered after torch's work on its own stream.
+        let big = Tensor::ones((4096, 4096), DType::F32, &device).unwrap();
+        let op = dlpack_op(
+            &format!("{device_only}def f(x):\n    import torch\n    s = torch.cuda.Stream()\n    with torch.cuda.stream(s):\n        t = torch.from_dlpack(x)\n        for _ in range(20):\n            t = t * 1.0 + 1.0\n    return DeviceOnly(t)"),
+            &[OutSpec::same_as(0)],
+        )
+        .unwrap();
+        let y = op.call(&[Arg::from(&big)]).unwrap().remove(0);
+        let sum = y.sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(sum, 21.0 * 4096.0 * 4096.0);
+        println!("torch: strided and bf16 results, and a result made on another stream, are right");
+    }
+}

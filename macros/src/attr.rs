@@ -15,6 +15,7 @@ pub enum KeyName {
     Package,
     Name,
     Numpy,
+    Dlpack,
     Tout,
     Grad,
     TimeoutMs,
@@ -24,13 +25,14 @@ pub enum KeyName {
 }
 
 impl KeyName {
-    pub const ALL: [KeyName; 12] = [
+    pub const ALL: [KeyName; 13] = [
         KeyName::File,
         KeyName::Code,
         KeyName::Module,
         KeyName::Package,
         KeyName::Name,
         KeyName::Numpy,
+        KeyName::Dlpack,
         KeyName::Tout,
         KeyName::Grad,
         KeyName::TimeoutMs,
@@ -55,6 +57,7 @@ impl KeyName {
             KeyName::Package => "package",
             KeyName::Name => "name",
             KeyName::Numpy => "numpy",
+            KeyName::Dlpack => "dlpack",
             KeyName::Tout => "tout",
             KeyName::Grad => "grad",
             KeyName::TimeoutMs => "timeout_ms",
@@ -137,6 +140,7 @@ pub struct Options {
     pub package: Option<Attr<LitStr>>,
     pub name: Option<Attr<LitStr>>,
     pub numpy: Option<Key>,
+    pub dlpack: Option<Key>,
     pub tout: Option<Attr<Tout>>,
     pub grad: Option<Attr<Grad>>,
     pub timeout_ms: Option<Attr<LitInt>>,
@@ -190,12 +194,13 @@ impl Options {
         opts
     }
 
-    /// One `key = value` (or `numpy`) of the attribute.
+    /// One `key = value` (or a flag: `numpy`, `dlpack`) of the attribute.
     fn entry(&mut self, cx: &Ctxt, entry: Vec<TokenTree>) {
         let Some((key, name, value)) = split_entry(cx, entry) else {
             return;
         };
-        if name != Some(KeyName::Numpy) && value.as_ref().is_none_or(|v| v.is_empty()) {
+        let flag = matches!(name, Some(KeyName::Numpy | KeyName::Dlpack));
+        if !flag && value.as_ref().is_none_or(|v| v.is_empty()) {
             match name {
                 Some(k) => cx.error_spanned_by(
                     &key.ident,
@@ -250,15 +255,8 @@ impl Options {
                 parse_lit_str(cx, value, "package"),
             ),
             KeyName::Name => set(cx, &mut self.name, key, parse_lit_str(cx, value, "name")),
-            KeyName::Numpy => {
-                if !value.is_empty() {
-                    cx.error_spanned_by(&value, "`numpy` takes no value: write `numpy` alone");
-                } else if self.numpy.is_some() {
-                    cx.error_spanned_by(&key.ident, "`numpy` may only be specified once");
-                } else {
-                    self.numpy = Some(key);
-                }
-            }
+            KeyName::Numpy => set_flag(cx, &mut self.numpy, key, value, "numpy"),
+            KeyName::Dlpack => set_flag(cx, &mut self.dlpack, key, value, "dlpack"),
             KeyName::Tout => set(cx, &mut self.tout, key, parse_tout(cx, value)),
             KeyName::Grad => set(cx, &mut self.grad, key, parse_grad(cx, value)),
             KeyName::TimeoutMs => set(cx, &mut self.timeout_ms, key, parse_timeout(cx, value)),
@@ -266,6 +264,20 @@ impl Options {
             KeyName::Pool => set(cx, &mut self.pool, key, parse_lit_str(cx, value, "pool")),
             KeyName::Crate => set(cx, &mut self.krate, key, parse_crate(cx, value)),
         }
+    }
+}
+
+/// A flag (a key without a value), given once.
+fn set_flag(cx: &Ctxt, slot: &mut Option<Key>, key: Key, value: TokenStream, name: &str) {
+    if !value.is_empty() {
+        cx.error_spanned_by(
+            &value,
+            format!("`{name}` takes no value: write `{name}` alone"),
+        );
+    } else if slot.is_some() {
+        cx.error_spanned_by(&key.ident, format!("`{name}` may only be specified once"));
+    } else {
+        *slot = Some(key);
     }
 }
 

@@ -101,6 +101,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             quote!(#n)
         }
     };
+    let dlpack = opts.dlpack.is_some();
     let pool = match &opts.pool {
         None => quote!(::core::option::Option::None),
         Some(a) => {
@@ -145,6 +146,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 timeout_ms: #timeout,
                 workers: #workers,
                 pool: #pool,
+                dlpack: #dlpack,
             });
             static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
             #p::inventory::submit! { #p::Registration(&__PYOP_OP) }

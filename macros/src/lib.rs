@@ -53,6 +53,7 @@ use proc_macro::TokenStream;
 /// | `module = "pkg.mod"` | body source: a module imported from `sys.path` on first call |
 /// | `name = "f"` | the Python function's name; default: the Rust function's |
 /// | `numpy` | numpy mode; default: tensor mode |
+/// | `dlpack` | numpy mode only: tensor inputs stay on the op's device (CPU or CUDA) as `pyop.Tensor`s, DLPack producers the body takes with `np.from_dlpack` / `cupy.from_dlpack` / `torch.from_dlpack`, instead of NumPy views of host copies; any DLPack producer may be returned (read back device to device), bf16 included |
 /// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]`; `x.dtype` (with an optional shape) and `like(x)` take a tensor parameter's dtype, and shape |
 /// | `grad = "f_grad"` | a gradient in Python, in the same source: `f_grad(inputs, outputs, grads)` |
 /// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |

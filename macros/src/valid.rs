@@ -16,6 +16,7 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
     check_file_exists(cx, opts);
     check_package_module(cx, opts);
     check_workers_mode(cx, opts);
+    check_dlpack_mode(cx, opts);
     if let Some(tout) = tout_declared(cx, opts) {
         check_tout_arity(cx, tout, f);
         check_like_params(cx, tout, f);
@@ -202,16 +203,49 @@ fn check_workers_mode(cx: &Ctxt, opts: &Options) {
     }
 }
 
-/// Numpy mode returns only dtypes NumPy has.
+/// `dlpack` is numpy mode's option, and keeps inputs on the op's device, which worker processes
+/// cannot reach.
+fn check_dlpack_mode(cx: &Ctxt, opts: &Options) {
+    let Some(d) = &opts.dlpack else {
+        return;
+    };
+    if opts.numpy.is_none() {
+        cx.error_spanned_by(
+            &d.ident,
+            "`dlpack` is numpy mode's option (tensor mode already passes `pyop.Tensor`, a DLPack \
+             producer): add `numpy`, or drop `dlpack`",
+        );
+    }
+    if opts.workers.is_some() {
+        cx.error_spanned_by(
+            &d.ident,
+            "`dlpack` keeps inputs on the op's device, which a worker process cannot reach: drop \
+             `workers` or `dlpack`",
+        );
+    }
+}
+
+/// Numpy mode returns only dtypes NumPy has; with `dlpack`, those DLPack carries (bf16 too).
 fn check_numpy_dtypes(cx: &Ctxt, opts: &Options, tout: &Tout) {
     if opts.numpy.is_none() {
         return;
     }
     for out in &tout.outputs {
-        if !out.numpy_ok {
+        if opts.dlpack.is_some() {
+            if out.dtype_of.is_none() && out.variant == "F8E4M3" {
+                cx.error_spanned_by(
+                    &out.dtype,
+                    format!(
+                        "DLPack has no dtype `{}`: a `dlpack` op cannot return it; use tensor \
+                         mode (drop `numpy`)",
+                        out.dtype
+                    ),
+                );
+            }
+        } else if !out.numpy_ok {
             cx.error_spanned_by(
                 &out.dtype,
-                format!("NumPy has no dtype `{}`: numpy mode cannot return it; use tensor mode (drop `numpy`)", out.dtype),
+                format!("NumPy has no dtype `{}`: numpy mode cannot return it; use tensor mode (drop `numpy`), or pass `dlpack` to return it from a DLPack producer (torch)", out.dtype),
             );
         }
     }

@@ -255,6 +255,21 @@ macro_rules! with_numpy_element {
 }
 pub(crate) use with_numpy_element;
 
+/// Evaluates `$body` with `$T` the Rust element type of `$dtype`, for every dtype with a plain
+/// element type (NumPy's and bf16); `$other` for fp8.
+macro_rules! with_plain_element {
+    ($dtype:expr, $T:ident => $body:expr, $other:pat => $fallback:expr) => {
+        match $dtype {
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            d => $crate::spec::with_numpy_element!(d, $T => $body, $other => $fallback),
+        }
+    };
+}
+pub(crate) use with_plain_element;
+
 /// Whether NumPy has a dtype of the same name (bf16 and the f8/f4/f6 types it has not).
 pub fn numpy_can_hold(dtype: DType) -> bool {
     with_numpy_element!(dtype, _T => true, _ => false)

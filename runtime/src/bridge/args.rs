@@ -3,12 +3,10 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyList, PyString, PyTuple};
 
+use super::prepare::{Passing, Prepared};
+use super::view::numpy_view;
 use crate::arg::Arg;
 use crate::bridge::tensor::PyTensor;
-use crate::spec::Mode;
-
-use super::prepare::Prepared;
-use super::view::numpy_view;
 
 /// How `&[Tensor]` arguments reach Python: a list for the body, a tuple for a gradient.
 #[derive(Clone, Copy)]
@@ -20,7 +18,7 @@ pub(crate) enum Lists {
 /// The Python positional arguments of a call: every argument in declaration order.
 pub(crate) fn python_args<'py>(
     py: Python<'py>,
-    mode: Mode,
+    passing: Passing,
     args: &[Arg<'_>],
     prepared: &[Prepared],
     lists: Lists,
@@ -28,9 +26,11 @@ pub(crate) fn python_args<'py>(
     let mut next = prepared.iter();
     let mut tensor = |py: Python<'py>| -> PyResult<Bound<'py, PyAny>> {
         let p = next.next().expect("one prepared input per tensor");
-        match mode {
-            Mode::Numpy => numpy_view(py, p),
-            Mode::Tensor => Ok(Bound::new(py, PyTensor::new(p.tensor.clone()))?.into_any()),
+        match passing {
+            Passing::Views => numpy_view(py, p),
+            Passing::Tensors | Passing::Dlpack => {
+                Ok(Bound::new(py, PyTensor::new(p.tensor.clone()))?.into_any())
+            }
         }
     };
     let mut items = Vec::with_capacity(args.len());

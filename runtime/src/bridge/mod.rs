@@ -4,6 +4,7 @@
 //! exposed to bodies.
 
 pub(crate) mod args;
+pub(crate) mod dlpack;
 pub(crate) mod expose;
 pub(crate) mod numbers;
 pub(crate) mod out;

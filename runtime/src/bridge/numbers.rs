@@ -7,6 +7,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 
+use crate::bridge::dlpack::import::ImportError;
 use crate::bridge::tensor::PyTensor;
 use crate::spec::with_numpy_element;
 
@@ -135,10 +136,11 @@ pub(crate) fn to_tensor(
     Err(ConversionError::NotTensorLike(describe_value(value)))
 }
 
-/// Any other DLPack producer (a PyTorch tensor, a CuPy or JAX array): read through NumPy's
-/// `from_dlpack` (imported for it; zero-copy on the CPU) and copied once into the tensor, as any
-/// array is (candle's CPU storage is a `Vec` of its own). Producers on another device than the
-/// CPU are refused with what to do instead.
+/// Any other DLPack producer (a PyTorch tensor, a CuPy or JAX array): read with one copy by
+/// `dlpack::import` (a CPU producer into candle's `Vec`, a producer on the running op's CUDA device
+/// device to device). Other producers (a GPU one for an op on the CPU, a strided CUDA tensor) are
+/// asked for a copy on the host through NumPy's `from_dlpack` (DLPack 1.x's `dl_device`, NumPy
+/// 2.1's `device="cpu", copy=True`), which then goes to the op's device as any output does.
 fn from_dlpack(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
@@ -151,43 +153,30 @@ fn from_dlpack(
         return Ok(None);
     }
     let invalid = |what: String| ConversionError::Invalid(what);
-    let device: Option<(i32, i32)> = value
-        .call_method0(pyo3::intern!(py, "__dlpack_device__"))
-        .and_then(|d| d.extract())
-        .ok();
-    let on_host = device.is_none_or(|(kind, _)| kind == 1);
-    let np = py.import("numpy").map_err(|e| {
-        invalid(format!(
-            "DLPack outputs are read through NumPy: {}",
-            crate::python::describe(py, &e)
-        ))
-    })?;
-    let from_dlpack = np.getattr(pyo3::intern!(py, "from_dlpack")).map_err(|e| {
-        invalid(format!(
-            "DLPack outputs need numpy.from_dlpack: {}",
-            crate::python::describe(py, &e)
-        ))
-    })?;
-    // A producer on a GPU is asked for a copy on the host (DLPack 1.x's `dl_device`, NumPy 2.1's
-    // `device="cpu", copy=True`), which then goes to the op's device as any output does.
-    let array = if on_host {
-        from_dlpack.call1((value,))
-    } else {
-        let kwargs = pyo3::types::PyDict::new(py);
-        kwargs
-            .set_item("device", "cpu")
-            .and_then(|()| kwargs.set_item("copy", true))
-            .and_then(|()| from_dlpack.call((value,), Some(&kwargs)))
+    match crate::bridge::dlpack::import::import(py, value, dtype) {
+        Ok(Some(t)) => return Ok(Some(t)),
+        Ok(None) => {}
+        Err(ImportError::Dtype(msg)) => return Err(invalid(msg)),
+        Err(ImportError::Read(msg)) => {
+            return Err(invalid(format!(
+                "{} could not be read through DLPack: {msg}",
+                describe_value(value)
+            )))
+        }
     }
-    .map_err(|e| {
+    let through_numpy = || -> PyResult<Bound<'_, PyAny>> {
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("device", "cpu")?;
+        kwargs.set_item("copy", true)?;
+        py.import("numpy")?
+            .getattr(pyo3::intern!(py, "from_dlpack"))?
+            .call((value,), Some(&kwargs))
+    };
+    let array = through_numpy().map_err(|e| {
         invalid(format!(
-            "{} could not be read through DLPack{}: {}",
+            "{} could not be read through DLPack as a copy on the host (with numpy.from_dlpack): \
+             {}",
             describe_value(value),
-            if on_host {
-                ""
-            } else {
-                " as a copy on the host"
-            },
             crate::python::describe(py, &e)
         ))
     })?;

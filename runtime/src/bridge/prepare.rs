@@ -1,4 +1,4 @@
-//! Tensors made ready for Python, outside the GIL: on the CPU for numpy mode, snapshotted when a
+//! Tensors made ready for Python, outside the GIL: on the CPU for NumPy views, snapshotted when a
 //! concurrent `Var::set` could change them, with the address NumPy views start at.
 
 use candle_core::{CpuStorage, Device, Storage, Tensor};
@@ -7,23 +7,50 @@ use crate::arg::Arg;
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::{numpy_can_hold, Mode};
 
-/// A tensor made ready for Python outside the GIL: on the CPU (numpy mode), snapshotted if it is
+/// How a call's tensors reach Python.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Passing {
+    /// `pyop.Tensor`s of the very tensors, tracked by autograd (tensor mode).
+    Tensors,
+    /// Read-only NumPy views of host copies (numpy mode).
+    Views,
+    /// `pyop.Tensor`s on the op's own device, for the body to take through DLPack (numpy mode
+    /// with `dlpack`): no move to the host.
+    Dlpack,
+}
+
+impl Passing {
+    /// How an op of `mode` passes its tensors (`dlpack`: numpy mode's `dlpack` option).
+    pub(crate) fn of(mode: Mode, dlpack: bool) -> Self {
+        match (mode, dlpack) {
+            (Mode::Tensor, _) => Passing::Tensors,
+            (Mode::Numpy, false) => Passing::Views,
+            (Mode::Numpy, true) => Passing::Dlpack,
+        }
+    }
+}
+
+/// A tensor made ready for Python outside the GIL: on the CPU (NumPy views), snapshotted if it is
 /// a `Var` (so a concurrent `Var::set` is seen entirely or not at all), with its data pointer.
 pub(crate) struct Prepared {
     pub tensor: Tensor,
-    /// Address of the first element, for NumPy views (numpy mode only).
+    /// Address of the first element, for NumPy views (`Passing::Views` only).
     pub data: usize,
 }
 
 /// Prepares every tensor of `args`, in order. Runs without the GIL: it may copy and lock.
-pub(crate) fn prepare_inputs(op: &str, mode: Mode, args: &[Arg<'_>]) -> Result<Vec<Prepared>> {
+pub(crate) fn prepare_inputs(
+    op: &str,
+    passing: Passing,
+    args: &[Arg<'_>],
+) -> Result<Vec<Prepared>> {
     let mut out = Vec::new();
     let mut err = None;
     let mut index = 0;
     for arg in args {
         arg.for_each_tensor(|t| {
             if err.is_none() {
-                match prepare(op, mode, t, index) {
+                match prepare(op, passing, t, index) {
                     Ok(p) => out.push(p),
                     Err(e) => err = Some(e),
                 }
@@ -34,40 +61,44 @@ pub(crate) fn prepare_inputs(op: &str, mode: Mode, args: &[Arg<'_>]) -> Result<V
     err.map_or(Ok(out), Err)
 }
 
-fn prepare(op: &str, mode: Mode, t: &Tensor, index: usize) -> Result<Prepared> {
+fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepared> {
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
-    // is differentiable, so gradients still reach the Var. NumPy reads without any lock, so in
-    // numpy mode every tracked input is snapshotted too: it may be a view of a Var (`narrow`,
-    // `t()`, `reshape`), which shares the Var's storage. On another device, the move to the host
-    // below is the snapshot.
-    let on_cpu = t.device().is_cpu();
-    let snapshot = t.is_variable() || (mode == Mode::Numpy && t.track_op());
-    let t = if snapshot && (on_cpu || mode == Mode::Tensor) {
+    // is differentiable, so gradients still reach the Var. NumPy (or a DLPack consumer) reads
+    // without any lock, so in numpy mode every tracked input is snapshotted too: it may be a view
+    // of a Var (`narrow`, `t()`, `reshape`), which shares the Var's storage. A NumPy view of a
+    // tensor on another device is of a host copy, which is the snapshot.
+    let moved = passing == Passing::Views && !t.device().is_cpu();
+    let snapshot = t.is_variable() || (passing != Passing::Tensors && t.track_op());
+    let t = if snapshot && !moved {
         t.copy()?
     } else {
         t.clone()
     };
-    match mode {
-        Mode::Tensor => Ok(Prepared { tensor: t, data: 0 }),
-        Mode::Numpy => {
-            if !numpy_can_hold(t.dtype()) {
-                return Err(Error::mismatch(
-                    op,
-                    ErrorKind::InvalidArgument,
-                    Some(index),
-                    format!(
-                        "input {index} is {}, which NumPy cannot hold; convert it with `to_dtype` \
-                         or use tensor mode",
-                        t.dtype().as_str()
-                    ),
-                ));
+    let refused = |what: &str, instead: &str| {
+        Error::mismatch(
+            op,
+            ErrorKind::InvalidArgument,
+            Some(index),
+            format!(
+                "input {index} is {}, which {what}; convert it with `to_dtype` or {instead}",
+                t.dtype().as_str()
+            ),
+        )
+    };
+    match passing {
+        Passing::Tensors => Ok(Prepared { tensor: t, data: 0 }),
+        Passing::Dlpack => {
+            if !crate::bridge::dlpack::can_carry(t.dtype()) {
+                return Err(refused("DLPack cannot carry", "use tensor mode"));
             }
-            let t = if t.device().is_cpu() {
-                t
-            } else {
-                t.to_device(&Device::Cpu)?
-            };
+            Ok(Prepared { tensor: t, data: 0 })
+        }
+        Passing::Views => {
+            if !numpy_can_hold(t.dtype()) {
+                return Err(refused("NumPy cannot hold", "use tensor mode"));
+            }
+            let t = if moved { t.to_device(&Device::Cpu)? } else { t };
             let data = cpu_data_ptr(&t);
             Ok(Prepared { tensor: t, data })
         }

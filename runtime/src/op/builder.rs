@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use candle_core::DType;
 use pyo3::prelude::*;
 
 use super::gradient::{Gradient, RustGradient};
@@ -25,6 +26,7 @@ impl PyOp {
             body: BodySpec::None,
             function: None,
             mode: Mode::Tensor,
+            dlpack: false,
             tout: None,
             gradient: None,
             timeout: None,
@@ -61,6 +63,7 @@ pub struct OpBuilder {
     body: BodySpec,
     function: Option<String>,
     mode: Mode,
+    dlpack: bool,
     tout: Option<Vec<OutSpec>>,
     gradient: Option<GradientSpec>,
     timeout: Option<Duration>,
@@ -162,6 +165,33 @@ impl OpBuilder {
         self.mode(Mode::Numpy)
     }
 
+    /// Numpy mode's DLPack option: tensor inputs stay on the op's device (CPU or CUDA) and reach
+    /// the body as `pyop.Tensor`s, DLPack producers, instead of NumPy views of host copies. The
+    /// body takes them with its array library's `from_dlpack` (`np.from_dlpack(x)` on the CPU,
+    /// `cupy.from_dlpack(x)` or `torch.from_dlpack(x)` on CUDA), without a copy, and may return
+    /// any DLPack producer, read back device to device. Gradients registered in Python get their
+    /// tensors the same way; outputs may be any dtype DLPack carries (bf16 too). Not with worker
+    /// processes, and no `out` buffers.
+    ///
+    /// ```
+    /// use pyop::candle::{DType, Device, Tensor};
+    /// use pyop::{Arg, OutSpec, PyOp};
+    ///
+    /// let op = PyOp::builder("double")
+    ///     .code("import numpy as np\ndef double(x):\n    return np.from_dlpack(x) * 2")
+    ///     .numpy()
+    ///     .dlpack()
+    ///     .tout([OutSpec::new(DType::F32)])
+    ///     .build()?;
+    /// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
+    /// assert_eq!(op.call(&[Arg::from(&x)])?[0].to_vec1::<f32>()?, [2.0, 4.0]);
+    /// # Ok::<(), pyop::Error>(())
+    /// ```
+    pub fn dlpack(mut self) -> Self {
+        self.dlpack = true;
+        self
+    }
+
     /// Sets the mode (default: [`Mode::Tensor`]).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
@@ -227,16 +257,39 @@ impl OpBuilder {
                 "no `tout`: declare the op's outputs"
             );
         };
+        if self.dlpack {
+            if self.mode != Mode::Numpy {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "`dlpack` is numpy mode's option (tensor mode already passes pyop.Tensor, a \
+                     DLPack producer): add `.numpy()` or drop `.dlpack()`"
+                );
+            }
+            if self.pool.is_some() {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "`dlpack` keeps inputs on the op's device, which a worker process cannot \
+                     reach: drop the pool or `.dlpack()`"
+                );
+            }
+        }
         if self.mode == Mode::Numpy {
+            let (holds, what): (fn(DType) -> bool, _) = if self.dlpack {
+                (crate::bridge::dlpack::can_carry, "DLPack cannot carry")
+            } else {
+                (numpy_can_hold, "NumPy cannot hold")
+            };
             if let Some((i, o)) = tout
                 .iter()
                 .enumerate()
-                .find(|(_, o)| o.dtype_of.is_none() && !numpy_can_hold(o.dtype))
+                .find(|(_, o)| o.dtype_of.is_none() && !holds(o.dtype))
             {
                 bail!(
                     &name,
                     InvalidArgument,
-                    "output {i} is {}, which NumPy cannot hold; use tensor mode",
+                    "output {i} is {}, which {what}; use tensor mode",
                     o.dtype.as_str()
                 );
             }
@@ -263,6 +316,7 @@ impl OpBuilder {
         }
         let function = self.function.unwrap_or_else(|| name.clone());
         let mode = self.mode;
+        let dlpack = self.dlpack;
         let gradient_name = match &self.gradient {
             Some(GradientSpec::Python(g)) => Some(g.clone()),
             _ => None,
@@ -314,7 +368,7 @@ impl OpBuilder {
                     ))
                 }
             };
-            let accepts_out = mode == Mode::Numpy && takes_out(body.bind(py));
+            let accepts_out = mode == Mode::Numpy && !dlpack && takes_out(body.bind(py));
             let keep = if shared {
                 None
             } else {
@@ -334,6 +388,7 @@ impl OpBuilder {
             inner: Arc::new(OpInner {
                 name,
                 mode,
+                dlpack,
                 tout,
                 source,
                 body,

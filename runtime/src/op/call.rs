@@ -14,7 +14,7 @@ use crate::arg::Arg;
 use crate::bridge::args::{python_args, Lists};
 use crate::bridge::out::out_buffers;
 use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Role};
-use crate::bridge::prepare::Prepared;
+use crate::bridge::prepare::{Passing, Prepared};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
@@ -68,7 +68,7 @@ impl PyOp {
         let needs_node =
             (op.mode == Mode::Numpy || op.gradient.is_some()) && autograd::any_tracked(args);
         let prepared = op.failed_before_python(crate::python::without_gil(|| {
-            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, args)
+            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args)
         }))?;
         let prepared = if needs_node {
             autograd::detach_prepared(prepared)
@@ -186,12 +186,13 @@ impl OpInner {
         timeout: Option<Duration>,
     ) -> Result<Vec<Tensor>> {
         let op = self;
-        if op.mode == Mode::Numpy {
+        let views = op.passing() == Passing::Views;
+        if views {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
         }
         let tout = op.resolved_tout(args)?;
         let tout = &*tout;
-        let py_args = python_args(py, op.mode, args, prepared, Lists::AsLists)
+        let py_args = python_args(py, op.passing(), args, prepared, Lists::AsLists)
             .map_err(|e| python_error(py, &op.name, e))?;
         let check = OutputCheck {
             op: &op.name,
@@ -224,7 +225,7 @@ impl OpInner {
         // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
         // the alignment of the first output's dtype, so a returned one becomes a tensor without
         // a copy (`bridge::numbers::adopted`).
-        let _align = (op.mode == Mode::Numpy).then(|| {
+        let _align = (op.passing() != Passing::Tensors).then(|| {
             let align = tout.first().map_or(16, |o| o.dtype.size_in_bytes());
             crate::python::numpy_alloc::enter(py, align)
         });

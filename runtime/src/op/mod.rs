@@ -30,6 +30,8 @@ pub struct PyOp {
 pub(crate) struct OpInner {
     pub name: String,
     pub mode: Mode,
+    /// Numpy mode's `dlpack` option: inputs stay on the op's device as DLPack producers.
+    pub dlpack: bool,
     pub tout: Vec<OutSpec>,
     pub source: Option<Source>,
     pub body: Py<PyAny>,
@@ -121,6 +123,12 @@ impl PyOp {
         &self.inner.tout
     }
 
+    /// Whether the op passes its inputs as DLPack producers on their own device (numpy mode's
+    /// `dlpack` option, [`OpBuilder::dlpack`](crate::OpBuilder::dlpack)).
+    pub fn passes_dlpack(&self) -> bool {
+        self.inner.dlpack
+    }
+
     /// The worker pool the body runs in, if it runs in worker processes.
     pub fn pool(&self) -> Option<&crate::worker::WorkerPool> {
         self.inner.workers.as_ref().map(|w| &w.pool)
@@ -143,6 +151,11 @@ impl PyOp {
 }
 
 impl OpInner {
+    /// How the op's tensors reach Python.
+    pub(crate) fn passing(&self) -> crate::bridge::prepare::Passing {
+        crate::bridge::prepare::Passing::of(self.mode, self.dlpack)
+    }
+
     /// The body to call now (hot reload may have replaced the one the op was built with).
     pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, bool) {
         match &self.reload {
@@ -150,7 +163,7 @@ impl OpInner {
             Some(r) => {
                 let body = self.reloaded(py, r).body;
                 // A reloaded body may have gained or dropped its `out` parameter.
-                let out = self.mode == Mode::Numpy && takes_out(&body);
+                let out = self.mode == Mode::Numpy && !self.dlpack && takes_out(&body);
                 (body, out)
             }
         }

@@ -39,6 +39,8 @@ pub struct OpDeclParts {
     pub workers: usize,
     /// `pool = "name"`: the process-wide pool of that name, shared by every op naming it.
     pub pool: Option<&'static str>,
+    /// `dlpack`: numpy mode's inputs as DLPack producers on the op's device.
+    pub dlpack: bool,
 }
 
 /// Where a declared op's body comes from.
@@ -146,7 +148,6 @@ impl OpDecl {
         self.0.timeout_ms.map(std::time::Duration::from_millis)
     }
 
-    /// Adds where the op was declared to a load error of the op.
     /// The size of the op's own worker pool (`workers = N`), if its body runs in worker
     /// processes.
     pub fn workers(&self) -> Option<usize> {
@@ -158,6 +159,12 @@ impl OpDecl {
         self.0.pool
     }
 
+    /// Whether the op passes its inputs as DLPack producers on their device (`dlpack`).
+    pub fn dlpack(&self) -> bool {
+        self.0.dlpack
+    }
+
+    /// Adds where the op was declared to a load error of the op.
     pub(crate) fn annotate(&self, e: Error) -> Error {
         e.append_context(&format!(
             " (op declared as {} at {}:{})",
@@ -224,6 +231,9 @@ impl OpDecl {
             Some(GradDecl::Python(g)) => b.gradient(*g),
             Some(GradDecl::Rust(f, _)) => b.gradient_rust(*f),
         };
+        if d.dlpack {
+            b = b.dlpack();
+        }
         if d.workers > 0 {
             b = match d.pool {
                 Some(name) => b.pool(&crate::worker::WorkerPool::named(name, d.workers)),

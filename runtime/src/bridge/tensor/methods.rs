@@ -617,7 +617,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(device) = dl_device {
-            if device != super::dlpack::device_of(&self.tensor) {
+            if device != crate::bridge::dlpack::device_of(&self.tensor) {
                 return Err(pyo3::exceptions::PyBufferError::new_err(
                     "a pyop.Tensor exports only to its own device",
                 ));
@@ -629,13 +629,17 @@ impl PyTensor {
             self.tensor.clone()
         };
         // Work candle queued on the tensor's stream is done before a consumer's stream reads it.
-        super::dlpack::order_for(&t, stream).map_err(value_error)?;
-        super::dlpack::export(py, &t, max_version.is_some_and(|(major, _)| major >= 1))
+        crate::bridge::dlpack::export::order_for(&t, stream).map_err(value_error)?;
+        crate::bridge::dlpack::export::export(
+            py,
+            &t,
+            max_version.is_some_and(|(major, _)| major >= 1),
+        )
     }
     /// `(device type, device id)` as DLPack numbers them: `(1, 0)` for the CPU, `(2, n)` for
     /// CUDA device `n`.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        super::dlpack::device_of(&self.tensor)
+        crate::bridge::dlpack::device_of(&self.tensor)
     }
     /// A copy of the values as a NumPy array (needs NumPy).
     fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

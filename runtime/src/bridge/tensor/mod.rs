@@ -10,10 +10,9 @@
 //!
 //! One file a part: the class (here), its one `#[pymethods]` block (`methods`), the helpers they
 //! share (`helpers`), the module functions (`functions`), the device new tensors land on
-//! (`device`), DLPack export (`dlpack`), and the module itself (`module`).
+//! (`device`), and the module itself (`module`). DLPack lives beside, in `bridge::dlpack`.
 
 pub(crate) mod device;
-mod dlpack;
 mod functions;
 mod helpers;
 mod methods;

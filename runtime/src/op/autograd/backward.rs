@@ -131,7 +131,7 @@ impl Node {
         // Outputs and incoming gradients, prepared for Python in one go.
         let both: Vec<Arg<'_>> = self.outputs.iter().chain(grads).map(Arg::Tensor).collect();
         let mut out_prepared = crate::python::without_gil(|| {
-            crate::bridge::prepare::prepare_inputs(&op.name, op.mode, &both)
+            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), &both)
         })?;
         let grad_prepared = out_prepared.split_off(self.outputs.len());
         let lists = self.tensor_lists();
@@ -175,7 +175,7 @@ impl Node {
         }
         op.run_python(&device, |py| {
             let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
-                python_args(py, op.mode, a, p, Lists::AsTuples)
+                python_args(py, op.passing(), a, p, Lists::AsTuples)
                     .map_err(|e| python_error(py, &op.name, e))
             };
             let inputs = tuples(&args, &self.prepared)?;
