@@ -103,7 +103,7 @@ else
   bench_env=(SIZES=1 REPS=3 ROUNDS=1)
 fi
 if env "${bench_env[@]}" timeout 300 ./bin/summary --bench > "$log_dir/bench.txt"; then
-  grep -E '^case=(numpy|tensor|candle|worker)_(ident|plus1)_' "$log_dir/bench.txt"
+  grep -E '^case=(numpy|tensor|candle|worker|dlpack)_(ident|plus1)_' "$log_dir/bench.txt"
   echo "-- benchmark: passed"
 else
   tail -20 "$log_dir/bench.txt"

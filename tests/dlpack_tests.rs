@@ -591,3 +591,211 @@ fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
         println!("torch: strided and bf16 results, and a result made on another stream, are right");
     }
 }
+
+/// Producers made by hand with ctypes: capsules of any content, to check what pyop's import
+/// does with invalid ones, and that the producer's deleter runs exactly once whenever pyop took
+/// the capsule (`calls` counts them).
+const CRAFT: &str = r#"
+from ctypes import *
+class DLDevice(Structure): _fields_=[("device_type",c_int32),("device_id",c_int32)]
+class DLDataType(Structure): _fields_=[("code",c_uint8),("bits",c_uint8),("lanes",c_uint16)]
+class DLTensor(Structure): _fields_=[("data",c_void_p),("device",DLDevice),("ndim",c_int32),("dtype",DLDataType),("shape",POINTER(c_int64)),("strides",POINTER(c_int64)),("byte_offset",c_uint64)]
+DELETER=CFUNCTYPE(None,c_void_p)
+class DLMT(Structure): _fields_=[("dl_tensor",DLTensor),("manager_ctx",c_void_p),("deleter",DELETER)]
+class DLVer(Structure): _fields_=[("major",c_uint32),("minor",c_uint32)]
+class DLMTV(Structure): _fields_=[("version",DLVer),("manager_ctx",c_void_p),("deleter",DELETER),("flags",c_uint64),("dl_tensor",DLTensor)]
+PyCapsule_New=pythonapi.PyCapsule_New; PyCapsule_New.restype=py_object; PyCapsule_New.argtypes=[c_void_p,c_char_p,c_void_p]
+calls=[]
+KEEP=[]
+@DELETER
+def deleter(p): calls.append(p)
+NAMES={True:b"dltensor_versioned", False:b"dltensor", "bad": b"not_dltensor"}
+BUF=np.arange(16, dtype=np.float32)
+def make(shape, strides=None, data=-1, dtype=(2,32,1), versioned=True, ndim=None, major=1, device=(1,0), offset=0, null_deleter=False, name=None, null_shape=False):
+    sh=(c_int64*max(len(shape),1))(*shape)
+    st=(c_int64*max(len(shape),1))(*strides) if strides is not None else None
+    KEEP.extend([sh, st])
+    t=DLTensor(BUF.ctypes.data if data == -1 else data, DLDevice(*device), len(shape) if ndim is None else ndim, DLDataType(*dtype), None if null_shape else sh, st, offset)
+    d=DELETER() if null_deleter else deleter
+    m=DLMTV(DLVer(major,1), None, d, 0, t) if versioned else DLMT(t, None, d)
+    KEEP.append(m)
+    return PyCapsule_New(addressof(m), NAMES[name if name is not None else versioned], None)
+class Crafted:
+    def __init__(self, cap, device=(1,0)): self.cap=cap; self.device=device
+    def __dlpack__(self, **kw): return self.cap
+    def __dlpack_device__(self): return self.device
+CASES = {
+  'ok': lambda: Crafted(make([4])),
+  'ok_legacy': lambda: Crafted(make([4], versioned=False)),
+  'offset': lambda: Crafted(make([4], offset=8)),
+  'zero_d': lambda: Crafted(make([], null_shape=True)),
+  'reversed': lambda: Crafted(make([4], strides=[-1], offset=15*4)),
+  'bcast': lambda: Crafted(make([2, 3], strides=[0, 1])),
+  'unit_neg': lambda: Crafted(make([1, 4], strides=[-7, 1])),
+  'null_deleter': lambda: Crafted(make([4], null_deleter=True)),
+  'neg_ndim': lambda: Crafted(make([4], ndim=-1)),
+  'neg_shape': lambda: Crafted(make([-4])),
+  'huge': lambda: Crafted(make([2**62])),
+  'huge_bcast': lambda: Crafted(make([2**61, 2], strides=[0, 1])),
+  'big_stride': lambda: Crafted(make([2], strides=[2**62])),
+  'null_data': lambda: Crafted(make([4], data=None)),
+  'null_shape': lambda: Crafted(make([4], null_shape=True)),
+  'major2': lambda: Crafted(make([4], major=2)),
+  'lying_device': lambda: Crafted(make([4], device=(2,0))),
+  'f64': lambda: Crafted(make([4], dtype=(2,64,1))),
+  'bad_name': lambda: Crafted(make([4], name='bad')),
+}
+def f(x, case):
+    if case == 'count':
+        return np.array([len(calls)], dtype=np.float32)
+    return CASES[case]()
+"#;
+
+#[test]
+fn invalid_producers_are_refused_and_every_taken_capsule_released_once() {
+    let craft = op(CRAFT, &[OutSpec::new(DType::F32)]);
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let deleted = |case: &str| {
+        let count = || {
+            craft.call(&[Arg::from(&x), Arg::Str("count")]).unwrap()[0]
+                .to_vec1::<f32>()
+                .unwrap()[0]
+        };
+        let before = count();
+        let r = craft
+            .call(&[Arg::from(&x), Arg::Str(case)])
+            .map(|mut v| v.remove(0).flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .map_err(|e| e.to_string());
+        (r, count() - before)
+    };
+    let good: &[(&str, &[f32], f32)] = &[
+        ("ok", &[0., 1., 2., 3.], 1.),
+        ("ok_legacy", &[0., 1., 2., 3.], 1.),
+        ("offset", &[2., 3., 4., 5.], 1.),
+        ("zero_d", &[0.], 1.),
+        ("reversed", &[15., 14., 13., 12.], 1.),
+        ("bcast", &[0., 1., 2., 0., 1., 2.], 1.),
+        ("unit_neg", &[0., 1., 2., 3.], 1.),
+        // A null deleter: nothing to call.
+        ("null_deleter", &[0., 1., 2., 3.], 0.),
+    ];
+    for (case, want, calls) in good {
+        let (r, d) = deleted(case);
+        assert_eq!(r.as_deref().map_err(|e| e.as_str()), Ok(*want), "{case}");
+        assert_eq!(d, *calls, "{case}: deleter calls");
+    }
+    let bad: &[(&str, &str, f32)] = &[
+        ("neg_ndim", "an invalid DLPack tensor: ndim -1", 1.),
+        ("neg_shape", "an invalid DLPack tensor: shape [-4]", 1.),
+        ("huge", "shape [4611686018427387904] is too large", 1.),
+        ("huge_bcast", "is too large", 1.),
+        (
+            "big_stride",
+            "strides [4611686018427387904] reach too far",
+            1.,
+        ),
+        ("null_data", "a DLPack tensor with elements but no data", 1.),
+        ("null_shape", "an invalid DLPack tensor: no shape", 1.),
+        (
+            "major2",
+            "the producer gave a DLPack 2.1 tensor; pyop reads 1.x",
+            1.,
+        ),
+        (
+            "lying_device",
+            "__dlpack_device__() said (1, 0) but the tensor is on (2, 0)",
+            1.,
+        ),
+        (
+            "f64",
+            "expected dtype f32, got a DLPack tensor of dtype float64",
+            1.,
+        ),
+        // Not a DLPack capsule: not pyop's to release.
+        (
+            "bad_name",
+            "returned PyCapsule, not an unused DLPack capsule",
+            0.,
+        ),
+    ];
+    for (case, msg, calls) in bad {
+        let (r, d) = deleted(case);
+        let e = r.expect_err(case);
+        assert!(e.contains(msg), "{case}: {e}");
+        assert!(e.contains("output 0"), "{case}: {e}");
+        assert_eq!(d, *calls, "{case}: deleter calls");
+    }
+}
+
+#[test]
+fn older_producers_are_still_read() {
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    // No `__dlpack_device__` (before 2021): asked without a stream, read on the CPU.
+    let p = op(
+        "class P:\n    def __init__(self, a): self.a = a\n    def __dlpack__(self, **kw): return self.a.__dlpack__(**kw)\ndef f(x):\n    return P(np.arange(3, dtype=np.float32))",
+        &[OutSpec::new(DType::F32)],
+    );
+    assert_eq!(
+        p.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [0., 1., 2.]
+    );
+    // A TypeError that is not about `max_version`: both failures are reported.
+    let p = op(
+        "class T:\n    def __dlpack__(self, **kw):\n        raise TypeError('inner failure %r' % sorted(kw))\n    def __dlpack_device__(self): return (1, 0)\ndef f(x):\n    return T()",
+        &[OutSpec::new(DType::F32)],
+    );
+    let e = p.call(&[Arg::from(&x)]).unwrap_err().to_string();
+    assert!(
+        e.contains("__dlpack__() failed: TypeError: inner failure [] (asked for DLPack 1.1 first: TypeError: inner failure ['max_version'])"),
+        "{e}"
+    );
+}
+
+#[test]
+#[ignore = "run by dlpack_needs_no_numpy in a child process whose NumPy cannot be imported"]
+fn dlpack_without_numpy_child() {
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let _ = pyop::python_env();
+    let numpy_importable = pyop::interop::pyo3::Python::attach(|py| py.import("numpy").is_ok());
+    assert!(!numpy_importable, "this child's NumPy must be broken");
+    // Tensor mode: a DLPack output read by pyop itself, no NumPy.
+    let t = tensor_op(
+        "t_nonp",
+        &format!("{PRODUCER}def f(x):\n    return Producer(x)"),
+        &[OutSpec::same_as(0)],
+    )
+    .unwrap();
+    let y = t.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1., 2.]);
+    // A `dlpack` numpy-mode op whose body does not use NumPy (a torch-only environment).
+    let d = PyOp::builder("d_nonp")
+        .code(format!("{PRODUCER}def f(x):\n    return Producer(x)"))
+        .function("f")
+        .numpy()
+        .dlpack()
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap();
+    let y = d.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1., 2.]);
+}
+
+#[test]
+fn dlpack_needs_no_numpy() {
+    let dir = common::TempDir::new("dlpack_no_numpy");
+    let fake = dir.path().join("numpy");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(
+        fake.join("__init__.py"),
+        "raise ImportError('NumPy is broken on purpose')\n",
+    )
+    .unwrap();
+    let (ok, out) = common::child_test(
+        "dlpack_without_numpy_child",
+        &[("PYTHONPATH", dir.path().as_os_str())],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("1 passed"), "{out}");
+}

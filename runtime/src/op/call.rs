@@ -224,8 +224,12 @@ impl OpInner {
         }
         // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
         // the alignment of the first output's dtype, so a returned one becomes a tensor without
-        // a copy (`bridge::numbers::adopted`).
-        let _align = (op.passing() != Passing::Tensors).then(|| {
+        // a copy (`bridge::numbers::adopted`). A `dlpack` body may not use NumPy at all: only
+        // when it is loaded.
+        let numpy_arrays = views
+            || (op.passing() == Passing::Dlpack
+                && matches!(crate::python::numpy::numpy_if_loaded(py), Ok(Some(_))));
+        let _align = numpy_arrays.then(|| {
             let align = tout.first().map_or(16, |o| o.dtype.size_in_bytes());
             crate::python::numpy_alloc::enter(py, align)
         });

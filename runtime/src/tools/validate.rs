@@ -156,7 +156,8 @@ pub fn validation_report() -> Result<ValidationReport> {
         let numpy_ops: Vec<&OpDecl> = ops
             .iter()
             .map(|op| op.decl())
-            .filter(|d| d.mode() == Mode::Numpy)
+            // A `dlpack` op needs NumPy only if its body imports it (it may use torch or CuPy).
+            .filter(|d| d.mode() == Mode::Numpy && !d.dlpack())
             .collect();
         let mut numpy_cause = None;
         if let Some(first) = numpy_ops.first() {

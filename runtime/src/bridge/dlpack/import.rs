@@ -45,26 +45,46 @@ pub(crate) fn import(
     value: &Bound<'_, PyAny>,
     want: Option<DType>,
 ) -> Result<Option<Tensor>, ImportError> {
-    let (kind, id): (i32, i32) = value
-        .call_method0(pyo3::intern!(py, "__dlpack_device__"))
-        .and_then(|d| d.extract())
-        .map_err(|e| {
-            ImportError::Read(format!("__dlpack_device__() failed: {}", describe(py, &e)))
-        })?;
-    let (target, stream) = match kind {
-        DL_CPU => (Device::Cpu, None),
-        DL_CUDA => match cuda_target(id) {
+    // A producer older than `__dlpack_device__` (it came with DLPack's Python protocol in 2021)
+    // is asked without a stream, and read only if its tensor is on the CPU.
+    let said: Option<(i32, i32)> = if value
+        .hasattr(pyo3::intern!(py, "__dlpack_device__"))
+        .unwrap_or(false)
+    {
+        let device = value
+            .call_method0(pyo3::intern!(py, "__dlpack_device__"))
+            .and_then(|d| d.extract())
+            .map_err(|e| {
+                ImportError::Read(format!("__dlpack_device__() failed: {}", describe(py, &e)))
+            })?;
+        Some(device)
+    } else {
+        None
+    };
+    let (target, stream) = match said {
+        None | Some((DL_CPU, _)) => (Device::Cpu, None),
+        Some((DL_CUDA, id)) => match cuda_target(id) {
             Some((device, stream)) => (device, Some(stream)),
             None => return Ok(None),
         },
-        _ => return Ok(None),
+        Some(_) => return Ok(None),
     };
-    let capsule = capsule_of(py, value, stream)
-        .map_err(|e| ImportError::Read(format!("__dlpack__() failed: {}", describe(py, &e))))?;
+    let capsule = capsule_of(py, value, stream)?;
     let taken = Taken::from_capsule(py, &capsule)?;
     // SAFETY: the producer keeps the managed tensor valid until its deleter runs, which is when
     // `taken` drops, after the last use of `dl`.
     let dl = unsafe { &*taken.tensor };
+    let seen = (dl.device.device_type, dl.device.device_id);
+    match said {
+        // Unasked, a tensor that is not on the CPU goes through the host (`taken` releases it).
+        None if seen.0 != DL_CPU => return Ok(None),
+        Some(said) if said != seen => {
+            return Err(ImportError::Read(format!(
+                "__dlpack_device__() said {said:?} but the tensor is on {seen:?}"
+            )))
+        }
+        _ => {}
+    }
     let dtype = candle_dtype(dl.dtype).map_err(|name| {
         ImportError::Dtype(match want {
             Some(w) => format!(
@@ -81,14 +101,7 @@ pub(crate) fn import(
             super::dl_dtype_name(dl.dtype)
         )));
     }
-    let (kind_seen, id_seen) = (dl.device.device_type, dl.device.device_id);
-    if (kind_seen, id_seen) != (kind, id) {
-        return Err(ImportError::Read(format!(
-            "__dlpack_device__() said ({kind}, {id}) but the tensor is on ({kind_seen}, \
-             {id_seen})"
-        )));
-    }
-    let layout = Layout::of(dl)?;
+    let layout = Layout::of(dl, dtype.size_in_bytes())?;
     if layout.n == 0 {
         return Ok(Some(
             Tensor::zeros(layout.dims, dtype, &target).map_err(read)?,
@@ -118,9 +131,11 @@ pub(crate) fn import(
             if layout.strides.is_some() {
                 return Ok(None);
             }
+            // Without the GIL: the copy waits for the producer's work ordered before candle's
+            // stream, which may itself need the GIL (a host callback).
             // SAFETY: as above, on the device, after the producer ordered its work before
             // candle's stream.
-            unsafe { device_copy(device, base, dtype, layout.dims) }
+            py.detach(|| unsafe { device_copy(device, base, dtype, layout.dims) })
         }
     };
     drop(taken);
@@ -156,25 +171,41 @@ fn cuda_target(id: i32) -> Option<(Device, i64)> {
     None
 }
 
-/// `value.__dlpack__(stream=..., max_version=(1, 1))`, or without `max_version` for a producer
-/// of the protocol before DLPack 1.0 (which raises `TypeError` for it).
+/// `value.__dlpack__(stream=..., max_version=(1, 1))`, or, once more without `max_version`, for
+/// a producer of the protocol before DLPack 1.0 (which raises `TypeError` for it).
 fn capsule_of<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
     stream: Option<i64>,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> Result<Bound<'py, PyAny>, ImportError> {
+    let failed = |e: PyErr| ImportError::Read(format!("__dlpack__() failed: {}", describe(py, &e)));
     let kwargs = PyDict::new(py);
     if let Some(s) = stream {
-        kwargs.set_item(pyo3::intern!(py, "stream"), s)?;
+        kwargs
+            .set_item(pyo3::intern!(py, "stream"), s)
+            .map_err(failed)?;
     }
-    kwargs.set_item(pyo3::intern!(py, "max_version"), VERSION)?;
+    kwargs
+        .set_item(pyo3::intern!(py, "max_version"), VERSION)
+        .map_err(failed)?;
     let method = pyo3::intern!(py, "__dlpack__");
     match value.call_method(method, (), Some(&kwargs)) {
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
-            kwargs.del_item(pyo3::intern!(py, "max_version"))?;
-            value.call_method(method, (), Some(&kwargs))
+        Ok(capsule) => Ok(capsule),
+        Err(first) if first.is_instance_of::<PyTypeError>(py) => {
+            kwargs
+                .del_item(pyo3::intern!(py, "max_version"))
+                .map_err(failed)?;
+            value.call_method(method, (), Some(&kwargs)).map_err(|e| {
+                ImportError::Read(format!(
+                    "__dlpack__() failed: {} (asked for DLPack {}.{} first: {})",
+                    describe(py, &e),
+                    VERSION.0,
+                    VERSION.1,
+                    describe(py, &first)
+                ))
+            })
         }
-        other => other,
+        Err(e) => Err(failed(e)),
     }
 }
 
@@ -281,7 +312,9 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(dl: &DLTensor) -> Result<Layout, ImportError> {
+    /// The layout of `dl`, whose elements are `size` bytes; refused when its bytes, or the
+    /// memory its strides reach, could not be addressed (more than `isize::MAX` bytes).
+    fn of(dl: &DLTensor, size: usize) -> Result<Layout, ImportError> {
         let bad = |what: String| ImportError::Read(format!("an invalid DLPack tensor: {what}"));
         let ndim = usize::try_from(dl.ndim).map_err(|_| bad(format!("ndim {}", dl.ndim)))?;
         if ndim > 0 && dl.shape.is_null() {
@@ -301,16 +334,33 @@ impl Layout {
         let n = dims
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| bad(format!("shape {shape:?}")))?;
+            .filter(|&n| {
+                n.checked_mul(size)
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            })
+            .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
         let strides = if dl.strides.is_null() || ndim == 0 || n == 0 {
             None
         } else {
             // SAFETY: as above.
             let strides = unsafe { std::slice::from_raw_parts(dl.strides, ndim) };
-            let strides = strides
+            // The farthest element from the first, in bytes, must be addressable, so that no
+            // offset `gathered` computes overflows.
+            let reach = dims
                 .iter()
-                .map(|&s| isize::try_from(s).map_err(|_| bad(format!("strides {strides:?}"))))
-                .collect::<Result<Vec<isize>, _>>()?;
+                .zip(strides)
+                .try_fold(0usize, |reach, (&d, &s)| {
+                    (s.unsigned_abs() as usize)
+                        .checked_mul(d - 1)?
+                        .checked_add(reach)
+                });
+            if reach
+                .and_then(|r| r.checked_mul(size))
+                .is_none_or(|b| b > isize::MAX as usize)
+            {
+                return Err(bad(format!("strides {strides:?} reach too far")));
+            }
+            let strides = strides.iter().map(|&s| s as isize).collect::<Vec<isize>>();
             (!is_row_major(&dims, &strides)).then_some(strides)
         };
         Ok(Layout { dims, n, strides })
