@@ -578,10 +578,11 @@ fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
             y[1].to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
             x.to_vec2::<f32>().unwrap()
         );
-        // A large result: the copy is ordered after torch's work on its own stream.
+        // A large result, still being computed when the body returns (on a side stream the
+        // body joins to torch's current stream, as torch asks): the copy is ordered after it.
         let big = Tensor::ones((4096, 4096), DType::F32, &device).unwrap();
         let op = dlpack_op(
-            &format!("{device_only}def f(x):\n    import torch\n    s = torch.cuda.Stream()\n    with torch.cuda.stream(s):\n        t = torch.from_dlpack(x)\n        for _ in range(20):\n            t = t * 1.0 + 1.0\n    return DeviceOnly(t)"),
+            &format!("{device_only}def f(x):\n    import torch\n    s = torch.cuda.Stream()\n    with torch.cuda.stream(s):\n        t = torch.from_dlpack(x)\n        for _ in range(20):\n            t = t * 1.0 + 1.0\n    torch.cuda.current_stream().wait_stream(s)\n    return DeviceOnly(t)"),
             &[OutSpec::same_as(0)],
         )
         .unwrap();
