@@ -563,10 +563,16 @@ fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
         println!("{lib}: a numpy-mode dlpack op on CUDA returned device memory, copied device to device");
     }
     if pyop::interop::pyo3::Python::attach(|py| py.import("torch").is_ok()) {
-        // A strided CUDA result goes through the host (said in the README); bf16 stays on the device.
+        // A transposed result stays on the device (copied as its block, then reordered by
+        // candle); a stepped one goes through the host (said in the README); bf16 stays on the
+        // device.
         let op = dlpack_op(
-            &format!("{device_only}def f(x):\n    import torch\n    t = torch.from_dlpack(x)\n    return t.t(), DeviceOnly(t.to(torch.bfloat16))"),
-            &[OutSpec::new(DType::F32), OutSpec::new(DType::BF16)],
+            &format!("{device_only}def f(x):\n    import torch\n    t = torch.from_dlpack(x)\n    return DeviceOnly(t.t()), t[:, ::2], DeviceOnly(t.to(torch.bfloat16))"),
+            &[
+                OutSpec::new(DType::F32),
+                OutSpec::new(DType::F32),
+                OutSpec::new(DType::BF16),
+            ],
         )
         .unwrap();
         let y = op.call(&[Arg::from(&x)]).unwrap();
@@ -574,8 +580,10 @@ fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
             y[0].to_vec2::<f32>().unwrap(),
             [[1., 4.], [2., 5.], [3., 6.]]
         );
+        assert_eq!(y[1].to_vec2::<f32>().unwrap(), [[1., 3.], [4., 6.]]);
+        assert!(y.iter().all(|t| t.device().same_device(&device)));
         assert_eq!(
-            y[1].to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+            y[2].to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
             x.to_vec2::<f32>().unwrap()
         );
         // A large result, still being computed when the body returns (on a side stream the
@@ -589,7 +597,7 @@ fn a_dlpack_numpy_op_on_cuda_stays_on_the_device() {
         let y = op.call(&[Arg::from(&big)]).unwrap().remove(0);
         let sum = y.sum_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(sum, 21.0 * 4096.0 * 4096.0);
-        println!("torch: strided and bf16 results, and a result made on another stream, are right");
+        println!("torch: transposed, stepped and bf16 results, and a result made on another stream, are right");
     }
 }
 

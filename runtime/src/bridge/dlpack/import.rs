@@ -6,10 +6,14 @@
 //! - a CPU producer: into a `Vec` (one pass; a strided producer is gathered in that same pass);
 //! - a CUDA producer on the running op's CUDA device: device to device on candle's stream, after
 //!   the producer has ordered its pending work before that stream (we pass candle's stream as
-//!   `stream=`, as the protocol asks); candle's stream is synchronized before the producer's
-//!   memory is given back, so its allocator cannot reuse the memory while the copy runs;
-//! - anything else (a CUDA producer for an op on the CPU or another GPU, a strided CUDA tensor,
-//!   another device type) is not read here: the caller copies it through the host.
+//!   `stream=`, as the protocol asks, or the legacy default stream, waited for, when candle's is
+//!   CUDA's per-thread default stream); candle's stream is synchronized before the producer's
+//!   memory is given back, so its allocator cannot reuse the memory while the copy runs. A
+//!   transposed or permuted CUDA tensor is copied as the contiguous block it is and put in
+//!   row-major order by candle's copy on the device (a second copy, on the device);
+//! - anything else (a CUDA producer for an op on the CPU or another GPU, a stepped, broadcast or
+//!   reversed CUDA tensor, another device type) is not read here: the caller copies it through
+//!   the host.
 //!
 //! The unsafe part: reading the managed tensor the producer's capsule points to, and calling its
 //! deleter exactly once (`Taken`'s drop), after renaming the capsule to `used_dltensor[_versioned]`
@@ -128,14 +132,27 @@ pub(crate) fn import(
             }
         }
         device => {
-            if layout.strides.is_some() {
-                return Ok(None);
-            }
+            // A transposed or permuted block (what `t.t()` and `permute` give) is copied as the
+            // block it is, then put in row-major order by candle's own copy on the device; other
+            // strides (stepped, broadcast, reversed) go through the host.
+            let (block, order) = match &layout.strides {
+                None => (layout.dims.clone(), None),
+                Some(strides) => match permuted_block(&layout.dims, strides) {
+                    Some((block, order)) => (block, Some(order)),
+                    None => return Ok(None),
+                },
+            };
             // Without the GIL: the copy waits for the producer's work ordered before candle's
             // stream, which may itself need the GIL (a host callback).
-            // SAFETY: as above, on the device, after the producer ordered its work before
-            // candle's stream.
-            py.detach(|| unsafe { device_copy(device, base, dtype, layout.dims) })
+            py.detach(|| {
+                // SAFETY: as above, on the device, after the producer ordered its work before
+                // candle's stream; a permuted block is `n` contiguous elements from `base`.
+                let t = unsafe { device_copy(device, stream, base, dtype, block)? };
+                match order {
+                    None => Ok(t),
+                    Some(order) => in_row_major(t, &order),
+                }
+            })
         }
     };
     drop(taken);
@@ -150,8 +167,11 @@ fn describe(py: Python<'_>, e: &PyErr) -> String {
     crate::python::describe(py, e)
 }
 
-/// The running op's device, when it is CUDA device `id`, and the stream number a producer orders
-/// its work before: candle's own stream (the legacy default stream, 1, if candle's were null).
+/// The running op's device, when it is CUDA device `id`, and the stream number a producer is to
+/// order its work before: candle's own stream when it is one of its own making, else (candle's
+/// default device runs on CUDA's per-thread default stream, `0x2`) the legacy default stream, 1,
+/// which every producer accepts (PyTorch refuses 2, "per-thread default stream is not
+/// supported"); `device_copy` then waits for the legacy stream before it copies.
 fn cuda_target(id: i32) -> Option<(Device, i64)> {
     #[cfg(feature = "cuda")]
     {
@@ -163,13 +183,20 @@ fn cuda_target(id: i32) -> Option<(Device, i64)> {
                 })
             {
                 let stream = cuda.cuda_stream().cu_stream() as usize as i64;
-                return Some((device.clone(), if stream == 0 { 1 } else { stream }));
+                return Some((
+                    device.clone(),
+                    if stream <= 2 { LEGACY_STREAM } else { stream },
+                ));
             }
         }
     }
     let _ = id;
     None
 }
+
+/// DLPack's number for CUDA's legacy default stream.
+#[cfg(feature = "cuda")]
+const LEGACY_STREAM: i64 = 1;
 
 /// `value.__dlpack__(stream=..., max_version=(1, 1))`, or, once more without `max_version`, for
 /// a producer of the protocol before DLPack 1.0 (which raises `TypeError` for it).
@@ -367,6 +394,29 @@ impl Layout {
     }
 }
 
+/// For strides that are a permutation of a compact row-major block (a transpose, a permute; the
+/// strides of unit dimensions do not matter): the block's dims in memory order, and for each
+/// memory-order dimension the logical dimension it is. `None` for any other strides.
+fn permuted_block(dims: &[usize], strides: &[isize]) -> Option<(Vec<usize>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..dims.len()).collect();
+    // Largest stride first; unit dimensions last among equals, wherever they land.
+    order.sort_by_key(|&i| (std::cmp::Reverse(strides[i]), dims[i] == 1));
+    let block: Vec<usize> = order.iter().map(|&i| dims[i]).collect();
+    let in_order: Vec<isize> = order.iter().map(|&i| strides[i]).collect();
+    is_row_major(&block, &in_order).then_some((block, order))
+}
+
+/// A block copied in memory order (`order[k]`: the logical dimension of its dimension `k`) as
+/// the row-major tensor of the logical shape.
+fn in_row_major(block: Tensor, order: &[usize]) -> candle_core::Result<Tensor> {
+    // The logical dimension `i` is the block's dimension where `order` names `i`.
+    let mut axes = vec![0usize; order.len()];
+    for (k, &i) in order.iter().enumerate() {
+        axes[i] = k;
+    }
+    block.permute(axes)?.contiguous()
+}
+
 /// Whether `strides` are compact row-major for `dims`, ignoring the strides of dimensions of
 /// size 1 (which NumPy and PyTorch set freely).
 fn is_row_major(dims: &[usize], strides: &[isize]) -> bool {
@@ -437,14 +487,16 @@ unsafe fn gathered<T: crate::alloc::Pod>(
 
 /// A tensor on `device` (CUDA) copied from the producer's contiguous device memory at `base`, on
 /// candle's stream, which is synchronized before this returns (the producer may free the memory
-/// as soon as its deleter runs).
+/// as soon as its deleter runs). `stream`: the stream the producer ordered its writes before; the
+/// legacy default stream is waited for first.
 ///
 /// # Safety
 /// `base` must be a device address on `device`'s GPU, readable for the tensor's bytes, with the
-/// producer's writes ordered before candle's stream.
+/// producer's writes ordered before `stream`.
 #[cfg(feature = "cuda")]
 unsafe fn device_copy(
     device: &Device,
+    stream: Option<i64>,
     base: usize,
     dtype: DType,
     dims: Vec<usize>,
@@ -455,8 +507,15 @@ unsafe fn device_copy(
         unreachable!("device_copy is called for CUDA devices only")
     };
     let n: usize = dims.iter().product();
+    let asked = stream;
     let stream = cuda.cuda_stream();
     stream.context().bind_to_thread().w()?;
+    if asked == Some(LEGACY_STREAM) {
+        // The producer's writes are ordered before the legacy default stream (the null stream of
+        // the driver API); wait for it, whatever candle's stream's relation to it.
+        // SAFETY: the null stream is always valid in a bound context.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }.w()?;
+    }
     let storage = with_plain_element!(dtype, T => {
         // SAFETY: every element is written by the copy below before anything reads it.
         let mut slice = unsafe { cuda.alloc::<T>(n)? };
@@ -488,6 +547,7 @@ unsafe fn device_copy(
 #[cfg(not(feature = "cuda"))]
 unsafe fn device_copy(
     device: &Device,
+    _: Option<i64>,
     _: usize,
     _: DType,
     _: Vec<usize>,
@@ -507,6 +567,38 @@ mod tests {
         assert!(!is_row_major(&[2, 3], &[1, 2]));
         assert!(!is_row_major(&[3], &[-1]));
         assert!(!is_row_major(&[3], &[0]));
+    }
+
+    #[test]
+    fn permuted_blocks_are_put_in_row_major_order_as_a_gather_would() {
+        // A 2x3x4 block in memory, seen through permutations of its axes (what `permute` and
+        // `t()` give), with a unit dimension of any stride in some.
+        let data: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        let cases: &[(&[usize], &[isize])] = &[
+            (&[4, 3, 2], &[1, 4, 12]),
+            (&[3, 2, 4], &[4, 12, 1]),
+            (&[2, 4, 3], &[12, 1, 4]),
+            (&[4, 1, 6], &[1, -5, 4]),
+            (&[6, 4], &[4, 1]),
+        ];
+        for (dims, strides) in cases {
+            let (block, order) = permuted_block(dims, strides).expect("a permuted block");
+            let memory = Tensor::from_vec(data.clone(), block, &Device::Cpu).unwrap();
+            let got = in_row_major(memory, &order)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            // SAFETY: every offset these strides reach lies inside `data`.
+            let want = unsafe { gathered::<f32>(data.as_ptr().cast(), dims, strides, 24).unwrap() };
+            assert_eq!(got, want, "{dims:?} {strides:?}");
+        }
+        // Stepped, broadcast, reversed and overlapping strides are no block.
+        assert!(permuted_block(&[3], &[2]).is_none());
+        assert!(permuted_block(&[2, 3], &[0, 1]).is_none());
+        assert!(permuted_block(&[3], &[-1]).is_none());
+        assert!(permuted_block(&[2, 3], &[1, 1]).is_none());
     }
 
     #[test]
