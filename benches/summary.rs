@@ -425,22 +425,18 @@ fn main() {
     let iters = if quick { 100 } else { pyloop_iters() };
     let calls = if quick { 2 } else { 100 };
     report("worker_start", worker_start());
-    report(
-        "pyloop_inprocess_1thread",
-        pyloop_threads(1, calls, iters, pyloop_in_process),
-    );
-    report(
-        "pyloop_inprocess_2threads",
-        pyloop_threads(2, calls, iters, pyloop_in_process),
-    );
-    report(
-        "pyloop_workers2_1thread",
-        pyloop_threads(1, calls, iters, pyloop_workers),
-    );
-    report(
-        "pyloop_workers2_2threads",
-        pyloop_threads(2, calls, iters, pyloop_workers),
-    );
+    type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
+    for (place, op) in [
+        ("inprocess", pyloop_in_process as Pyloop),
+        ("workers2", pyloop_workers),
+    ] {
+        for (threads, name) in [(1, "1thread"), (2, "2threads")] {
+            report(
+                &format!("pyloop_{place}_{name}"),
+                pyloop_threads(threads, calls, iters, op),
+            );
+        }
+    }
     let calls = if quick { 2 } else { 50 };
     report("timeout_late_idle", timeout_latency(0, calls));
     report("timeout_late_busy4", timeout_latency(4, calls));

@@ -312,27 +312,32 @@ fn split_entry(
 }
 
 fn parse_timeout(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
-    let lit = syn::parse2::<LitInt>(value.clone())
-        .ok()
-        .filter(|l| l.base10_parse::<u64>().is_ok_and(|ms| ms > 0));
-    if lit.is_none() {
-        cx.error_spanned_by(
-            &value,
-            "expected a positive number of milliseconds: `timeout_ms = 500`",
-        );
-    }
-    lit
+    parse_positive::<u64>(
+        cx,
+        value,
+        "expected a positive number of milliseconds: `timeout_ms = 500`",
+    )
 }
 
 fn parse_workers(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
+    parse_positive::<u16>(
+        cx,
+        value,
+        "expected a positive number of worker processes: `workers = 4`",
+    )
+}
+
+/// A literal integer that fits `N` and is not 0, or `msg` on the value.
+fn parse_positive<N>(cx: &Ctxt, value: TokenStream, msg: &str) -> Option<LitInt>
+where
+    N: std::str::FromStr + Default + PartialOrd,
+    N::Err: std::fmt::Display,
+{
     let lit = syn::parse2::<LitInt>(value.clone())
         .ok()
-        .filter(|l| l.base10_parse::<u16>().is_ok_and(|n| n > 0));
+        .filter(|l| l.base10_parse::<N>().is_ok_and(|n| n > N::default()));
     if lit.is_none() {
-        cx.error_spanned_by(
-            &value,
-            "expected a positive number of worker processes: `workers = 4`",
-        );
+        cx.error_spanned_by(&value, msg);
     }
     lit
 }

@@ -139,24 +139,25 @@ pub(crate) unsafe fn unwritten_tensor(
     )
 }
 
-/// A CPU tensor of `dtype` and `dims` holding a copy of the bytes at `src` (one pass, into memory
-/// got as [`copied_from_bytes`] gets it).
+/// A CPU tensor of `dtype` and `dims` holding a copy of the bytes at `src`, which need not be
+/// aligned (one pass, into memory got as [`copied_from_bytes`] gets it): the one copy of foreign
+/// bytes into candle (a NumPy array, a DLPack producer, a worker's result).
 ///
 /// # Safety
-/// `src` must be readable for the tensor's size in bytes; `dtype` is one NumPy holds.
+/// `src` must be readable for the tensor's size in bytes.
 pub(crate) unsafe fn tensor_from_bytes(
     dtype: candle_core::DType,
     src: *const u8,
     dims: Vec<usize>,
 ) -> candle_core::Result<candle_core::Tensor> {
     let n = dims.iter().product();
-    crate::spec::with_numpy_element!(
+    crate::spec::with_plain_element!(
         dtype,
         // SAFETY: the caller's promise (above).
         T => match unsafe { copied_from_bytes::<T>(src, n) } {
             Some(v) => candle_core::Tensor::from_vec(v, dims, &candle_core::Device::Cpu),
             None => Err(candle_core::Error::Msg(no_memory(n, std::mem::size_of::<T>()))),
         },
-        d => Err(candle_core::Error::Msg(format!("{} is not a dtype NumPy holds", d.as_str())))
+        d => Err(candle_core::Error::Msg(format!("{} has no plain element type", d.as_str())))
     )
 }

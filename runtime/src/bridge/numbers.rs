@@ -1,7 +1,7 @@
 //! Python values into tensors: `pyop.Tensor`s, NumPy arrays and scalars of exactly the dtype
 //! wanted, and numbers or nested lists fitted to it exactly (nothing truncates or wraps).
 
-use candle_core::{DType, Device, Shape, Tensor};
+use candle_core::{DType, Device, Tensor};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -280,24 +280,11 @@ pub(crate) fn array_to_tensor(
     // is copied as bytes, never read through a typed slice.
     // SAFETY: reading the data pointer of a live array object.
     let data = unsafe { (*array.as_array_ptr()).fields.data } as usize;
-    let shape = Shape::from(dims);
-    let copy = move || -> candle_core::Result<Tensor> {
-        with_numpy_element!(dtype, T => {
-            // SAFETY: `n` elements of `T` (plain numbers) are readable as bytes at `data`.
-            let v = unsafe { crate::alloc::copied_from_bytes::<T>(data as *const u8, n) };
-            let v = v.ok_or_else(|| {
-                candle_core::Error::Msg(crate::alloc::no_memory(n, std::mem::size_of::<T>()))
-            })?;
-            Tensor::from_vec(v, shape, &Device::Cpu)
-        }, _ => unreachable!("candle_dtype gives only NumPy dtypes"))
-    };
-    // Large copies run without the GIL, so other threads' Python goes on meanwhile.
-    let t = if n * dtype.size_in_bytes() >= 1 << 20 {
-        py.detach(copy)
-    } else {
-        copy()
-    };
-    t.map_err(|e| e.to_string())
+    crate::python::copy_detached(py, n * dtype.size_in_bytes(), move || {
+        // SAFETY: `n` elements of `dtype` are readable as bytes at `data`.
+        unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// A fresh NumPy array, made during a numpy-mode body by pyop's data allocator (see

@@ -12,6 +12,7 @@ use super::gradient::{Gradient, RustGradient};
 use super::workers::Workers;
 use super::{takes_out, OpInner, PyOp};
 use crate::body::source::{self, Source};
+use crate::bridge::prepare::Passing;
 use crate::bridge::with_gil;
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::spec::{numpy_can_hold, Mode, OutSpec};
@@ -368,7 +369,9 @@ impl OpBuilder {
                     ))
                 }
             };
-            let accepts_out = mode == Mode::Numpy && !dlpack && takes_out(body.bind(py));
+            // `out` buffers are NumPy arrays in host memory: offered only with NumPy views.
+            let accepts_out =
+                Passing::of(mode, dlpack) == Passing::Views && takes_out(body.bind(py));
             let keep = if shared {
                 None
             } else {

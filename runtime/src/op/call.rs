@@ -186,13 +186,13 @@ impl OpInner {
         timeout: Option<Duration>,
     ) -> Result<Vec<Tensor>> {
         let op = self;
-        let views = op.passing() == Passing::Views;
-        if views {
+        let passing = op.passing();
+        if passing == Passing::Views {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
         }
         let tout = op.resolved_tout(args)?;
         let tout = &*tout;
-        let py_args = python_args(py, op.passing(), args, prepared, Lists::AsLists)
+        let py_args = python_args(py, passing, args, prepared, Lists::AsLists)
             .map_err(|e| python_error(py, &op.name, e))?;
         let check = OutputCheck {
             op: &op.name,
@@ -224,12 +224,8 @@ impl OpInner {
         }
         // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
         // the alignment of the first output's dtype, so a returned one becomes a tensor without
-        // a copy (`bridge::numbers::adopted`). A `dlpack` body may not use NumPy at all: only
-        // when it is loaded.
-        let numpy_arrays = views
-            || (op.passing() == Passing::Dlpack
-                && matches!(crate::python::numpy::numpy_if_loaded(py), Ok(Some(_))));
-        let _align = numpy_arrays.then(|| {
+        // a copy (`bridge::numbers::adopted`).
+        let _align = (passing != Passing::Tensors).then(|| {
             let align = tout.first().map_or(16, |o| o.dtype.size_in_bytes());
             crate::python::numpy_alloc::enter(py, align)
         });

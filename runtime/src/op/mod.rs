@@ -163,7 +163,8 @@ impl OpInner {
             Some(r) => {
                 let body = self.reloaded(py, r).body;
                 // A reloaded body may have gained or dropped its `out` parameter.
-                let out = self.mode == Mode::Numpy && !self.dlpack && takes_out(&body);
+                let out =
+                    self.passing() == crate::bridge::prepare::Passing::Views && takes_out(&body);
                 (body, out)
             }
         }

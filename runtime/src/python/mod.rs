@@ -57,6 +57,23 @@ pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// Copies of at least this many bytes run without the GIL, so that other threads' Python goes on
+/// meanwhile; below it, releasing and taking the GIL back costs more than it frees.
+const COPY_WITHOUT_GIL_AT: usize = 1 << 20;
+
+/// Runs `copy`, a copy of `bytes` bytes that needs no Python, without the GIL when it is large.
+pub(crate) fn copy_detached<R: Send>(
+    py: Python<'_>,
+    bytes: usize,
+    copy: impl FnOnce() -> R + Send,
+) -> R {
+    if bytes >= COPY_WITHOUT_GIL_AT {
+        py.detach(copy)
+    } else {
+        copy()
+    }
+}
+
 /// `TypeName: message` of a Python error, for messages that need no traceback.
 pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
     let (ty, msg) = exception_parts(py, err);

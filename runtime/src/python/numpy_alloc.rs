@@ -267,9 +267,13 @@ fn load(py: Python<'_>) -> PyResult<Option<Api>> {
 /// bodies on this thread then gets its large buffers from Rust's global allocator, which is the
 /// C `malloc` NumPy uses unless the program sets a `#[global_allocator]`. A handler the program
 /// installed itself is never replaced (the body's arrays are then copied). Costs one
-/// context-variable lookup per call.
+/// context-variable lookup per call. Nothing is done before NumPy is loaded: a body that never
+/// imports it (a `dlpack` body using torch) does not load it, nor touch one that cannot load.
 pub(crate) fn enter(py: Python<'_>, align: usize) -> AlignGuard {
     let guard = AlignGuard(ALIGN.with(|a| a.replace(align)));
+    if !matches!(super::numpy::numpy_if_loaded(py), Ok(Some(_))) {
+        return guard;
+    }
     let Some(api) = API.get_or_init(py, || load(py).ok().flatten()) else {
         return guard;
     };

@@ -29,6 +29,7 @@ use pyo3::types::PyDict;
 use super::{
     candle_dtype, DLManagedTensor, DLManagedTensorVersioned, DLTensor, DL_CPU, DL_CUDA, VERSION,
 };
+use crate::python::describe;
 use crate::spec::with_plain_element;
 
 /// Why a producer could not be imported.
@@ -89,22 +90,18 @@ pub(crate) fn import(
         }
         _ => {}
     }
-    let dtype = candle_dtype(dl.dtype).map_err(|name| {
-        ImportError::Dtype(match want {
-            Some(w) => format!(
-                "expected dtype {}, got a DLPack tensor of dtype {name}",
-                w.as_str()
-            ),
-            None => format!("a DLPack tensor of dtype {name} (candle has no such dtype)"),
-        })
-    })?;
-    if let Some(w) = want.filter(|&w| w != dtype) {
-        return Err(ImportError::Dtype(format!(
-            "expected dtype {}, got a DLPack tensor of dtype {}",
-            w.as_str(),
-            super::dl_dtype_name(dl.dtype)
-        )));
-    }
+    let dtype = candle_dtype(dl.dtype)
+        .filter(|&d| want.is_none_or(|w| w == d))
+        .ok_or_else(|| {
+            let name = super::dl_dtype_name(dl.dtype);
+            ImportError::Dtype(match want {
+                Some(w) => format!(
+                    "expected dtype {}, got a DLPack tensor of dtype {name}",
+                    w.as_str()
+                ),
+                None => format!("a DLPack tensor of dtype {name} (candle has no such dtype)"),
+            })
+        })?;
     let layout = Layout::of(dl, dtype.size_in_bytes())?;
     if layout.n == 0 {
         return Ok(Some(
@@ -119,17 +116,12 @@ pub(crate) fn import(
     let base = (dl.data as usize).wrapping_add(dl.byte_offset as usize);
     let tensor = match &target {
         Device::Cpu => {
-            let copy = || {
+            // Large copies run without the GIL (the producer's memory stays ours meanwhile).
+            crate::python::copy_detached(py, layout.n * dtype.size_in_bytes(), || {
                 // SAFETY: the producer's memory holds the elements `layout` describes, readable
                 // until `taken` drops (after this).
-                unsafe { host_copy(base, dtype, &layout) }
-            };
-            // Large copies run without the GIL (the producer's memory stays ours meanwhile).
-            if layout.n * dtype.size_in_bytes() >= 1 << 20 {
-                py.detach(copy)
-            } else {
-                copy()
-            }
+                unsafe { host_copy(base, dtype, layout) }
+            })
         }
         device => {
             // A transposed or permuted block (what `t.t()` and `permute` give) is copied as the
@@ -161,10 +153,6 @@ pub(crate) fn import(
 
 fn read(e: candle_core::Error) -> ImportError {
     ImportError::Read(e.to_string())
-}
-
-fn describe(py: Python<'_>, e: &PyErr) -> String {
-    crate::python::describe(py, e)
 }
 
 /// The running op's device, when it is CUDA device `id`, and the stream number a producer is to
@@ -434,19 +422,18 @@ fn is_row_major(dims: &[usize], strides: &[isize]) -> bool {
 ///
 /// # Safety
 /// `base` must be readable at every element `layout` describes, as elements of `dtype`.
-unsafe fn host_copy(base: usize, dtype: DType, layout: &Layout) -> candle_core::Result<Tensor> {
-    let n = layout.n;
+unsafe fn host_copy(base: usize, dtype: DType, layout: Layout) -> candle_core::Result<Tensor> {
+    let Layout { dims, n, strides } = layout;
+    let Some(strides) = strides else {
+        // SAFETY: the caller's promise; `n` contiguous elements.
+        return unsafe { crate::alloc::tensor_from_bytes(dtype, base as *const u8, dims) };
+    };
     with_plain_element!(dtype, T => {
-        let v = match &layout.strides {
-            // SAFETY: the caller's promise; `n` contiguous elements.
-            None => unsafe { crate::alloc::copied_from_bytes::<T>(base as *const u8, n) },
-            // SAFETY: the caller's promise.
-            Some(strides) => unsafe { gathered::<T>(base as *const u8, &layout.dims, strides, n) },
-        };
-        let v = v.ok_or_else(|| {
+        // SAFETY: the caller's promise.
+        let v = unsafe { gathered::<T>(base as *const u8, &dims, &strides, n) }.ok_or_else(|| {
             candle_core::Error::Msg(crate::alloc::no_memory(n, std::mem::size_of::<T>()))
         })?;
-        Tensor::from_vec(v, layout.dims.clone(), &Device::Cpu)
+        Tensor::from_vec(v, dims, &Device::Cpu)
     }, d => Err(candle_core::Error::Msg(format!("DLPack has no {}", d.as_str()))))
 }
 
