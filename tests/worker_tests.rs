@@ -269,6 +269,30 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// Waits (up to 5 s) until the kernel reports the worker `pid`, a child of this process, as exited
+/// to its parent, without reaping it (the pool does). Its `/proc` state says `Z` as soon as its
+/// main thread has exited, while its other threads (NumPy's BLAS pool) may still be exiting; the
+/// pool, like any parent, sees the death only once they all have.
+fn wait_until_exited(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // SAFETY: a zeroed `siginfo_t` is a valid out-parameter; `WNOWAIT` leaves the child
+        // waitable, so the pool still owns its reaping.
+        let pid_seen = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            let r = libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags);
+            assert_eq!(r, 0, "waitid({pid}): {}", std::io::Error::last_os_error());
+            info.si_pid()
+        };
+        if pid_seen != 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "worker {pid} did not exit");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -962,10 +986,7 @@ fn an_idle_worker_killed_from_outside_costs_no_call() {
     let pid = pool.idle_pids()[0];
     // SAFETY: signalling a process this test started (through the pool).
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_exited(pid);
     let y = op.call(&[Arg::from(&x)]).unwrap();
     assert_eq!(y[0].to_vec1::<f32>().unwrap(), [3.]);
     let stats = pool.stats();
@@ -1178,10 +1199,7 @@ fn processes_of_a_worker_that_died_idle_end_too() {
     let worker = pool.idle_pids()[0];
     // SAFETY: signalling a process this test started (through the pool).
     unsafe { libc::kill(worker as libc::pid_t, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(worker) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_exited(worker);
     // The next call finds the worker dead and replaces it; its subprocess goes with it.
     let other = pid_file(&tmp, "sleep2");
     op.call(&[Arg::from(&x), Arg::Str(&other)]).unwrap();

@@ -292,7 +292,9 @@ impl WorkerPool {
                 if let Some(mut w) = st.idle.pop() {
                     if w.exited() {
                         // Died while idle (the OOM killer, a kill from outside): not this call's
-                        // to fail. It is reaped, and another one is taken or started.
+                        // to fail. It is reaped, and another one is taken or started. The kernel
+                        // reports the death once all its threads have exited; a call that takes
+                        // it in the milliseconds before fails as a death during the call.
                         st.live -= 1;
                         p.lost.fetch_add(1, Relaxed);
                         drop(st);
