@@ -808,3 +808,38 @@ fn dlpack_needs_no_numpy() {
     assert!(ok, "{out}");
     assert!(out.contains("1 passed"), "{out}");
 }
+
+#[test]
+fn pyop_tensor_converts_what_has_a_dtype_and_fits_plain_numbers() {
+    // A DLPack producer and a NumPy scalar keep their own dtype, then convert to the one asked
+    // for (as NumPy arrays do); Python numbers and lists are fitted to it exactly.
+    let op = tensor_op(
+        "tensor_of",
+        &format!(
+            "import numpy as np\n{PRODUCER}def f(x):\n    \
+             return (pyop.tensor(Producer(np.array([1.5, -2.0], dtype=np.float32)), dtype='f64'),\n            \
+             pyop.tensor(np.float32(2.5), dtype='f64'),\n            \
+             pyop.tensor([3, 4], dtype='f64'))"
+        ),
+        &[
+            OutSpec::new(DType::F64),
+            OutSpec::new(DType::F64),
+            OutSpec::new(DType::F64),
+        ],
+    )
+    .unwrap();
+    let x = Tensor::new(&[0f32], &cpu()).unwrap();
+    let y = op.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f64>().unwrap(), [1.5, -2.0]);
+    assert_eq!(y[1].to_scalar::<f64>().unwrap(), 2.5);
+    assert_eq!(y[2].to_vec1::<f64>().unwrap(), [3.0, 4.0]);
+    let e = tensor_op(
+        "unfit",
+        "def f(x):\n    return pyop.tensor([300], dtype='u8')",
+        &[OutSpec::new(DType::U8)],
+    )
+    .unwrap()
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert!(e.to_string().contains("300"), "{e}");
+}

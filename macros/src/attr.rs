@@ -108,18 +108,19 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// The dtypes `tout` accepts: the name written, candle's variant, and whether NumPy has it.
-pub const DTYPES: &[(&str, &str, bool)] = &[
-    ("u8", "U8", true),
-    ("u32", "U32", true),
-    ("i16", "I16", true),
-    ("i32", "I32", true),
-    ("i64", "I64", true),
-    ("bf16", "BF16", false),
-    ("f16", "F16", true),
-    ("f32", "F32", true),
-    ("f64", "F64", true),
-    ("f8e4m3", "F8E4M3", false),
+/// The dtypes `tout` accepts: the name written, candle's variant, whether NumPy has it, and
+/// whether DLPack carries it.
+pub const DTYPES: &[(&str, &str, bool, bool)] = &[
+    ("u8", "U8", true, true),
+    ("u32", "U32", true, true),
+    ("i16", "I16", true, true),
+    ("i32", "I32", true, true),
+    ("i64", "I64", true, true),
+    ("bf16", "BF16", false, true),
+    ("f16", "F16", true, true),
+    ("f32", "F32", true, true),
+    ("f64", "F64", true, true),
+    ("f8e4m3", "F8E4M3", false, false),
 ];
 
 /// A key as written, for spans.
@@ -164,6 +165,7 @@ pub struct OutDecl {
     /// candle's `DType` variant.
     pub variant: &'static str,
     pub numpy_ok: bool,
+    pub dlpack_ok: bool,
     /// `None` = any shape; entries `None` = any size.
     pub shape: Option<Vec<Option<usize>>>,
     /// `f32[x]`: the shape of the tensor parameter `x`.
@@ -475,6 +477,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
                 dtype: l.clone(),
                 variant: "F32",
                 numpy_ok: true,
+                dlpack_ok: true,
                 shape: None,
                 like: Some(x.clone()),
                 dtype_of: Some(x.clone()),
@@ -505,11 +508,11 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         }
         _ => None,
     };
-    let (variant, numpy_ok) = if dtype_of.is_some() {
-        ("F32", true) // placeholder: the dtype is the parameter's, checked at call time
+    let (variant, numpy_ok, dlpack_ok) = if dtype_of.is_some() {
+        ("F32", true, true) // placeholder: the dtype is the parameter's, checked at call time
     } else {
         let name = dtype.to_string();
-        let Some(&(_, variant, numpy_ok)) = DTYPES.iter().find(|(n, _, _)| *n == name) else {
+        let Some(&(_, variant, numpy_ok, dlpack_ok)) = DTYPES.iter().find(|d| d.0 == name) else {
             let names: Vec<&str> = DTYPES.iter().map(|d| d.0).collect();
             cx.error_spanned_by(
                 dtype,
@@ -521,7 +524,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
             );
             return None;
         };
-        (variant, numpy_ok)
+        (variant, numpy_ok, dlpack_ok)
     };
     let mut like = None;
     let shape = match it.next() {
@@ -552,6 +555,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         dtype: dtype.clone(),
         variant,
         numpy_ok,
+        dlpack_ok,
         shape,
         like,
         dtype_of,

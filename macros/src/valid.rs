@@ -232,7 +232,7 @@ fn check_numpy_dtypes(cx: &Ctxt, opts: &Options, tout: &Tout) {
     }
     for out in &tout.outputs {
         if opts.dlpack.is_some() {
-            if out.dtype_of.is_none() && out.variant == "F8E4M3" {
+            if !out.dlpack_ok {
                 cx.error_spanned_by(
                     &out.dtype,
                     format!(

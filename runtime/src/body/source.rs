@@ -217,7 +217,12 @@ fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny
 
 /// A Python error met while loading a source: kind [`ErrorKind::Source`], saying which source.
 fn source_error(py: Python<'_>, op: &str, what: &str, e: PyErr) -> Error {
-    python_error(py, op, e).with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
+    cannot_load(python_error(py, op, e), what)
+}
+
+/// A body that failed to load (here or in a worker): `Source`, naming what could not be loaded.
+pub(crate) fn cannot_load(err: Error, what: &str) -> Error {
+    err.with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
 }
 
 // Each loader below runs under a `Shield`: loading a source imports what it imports (NumPy, …)

@@ -102,25 +102,15 @@ pub(crate) fn to_tensor(
         || value.is_exact_instance_of::<PyInt>()
         || value.is_exact_instance_of::<PyBool>();
     if !exact_number {
-        let describe = |e: PyErr| crate::python::describe(py, &e);
-        if let Some(np) = crate::python::numpy::numpy_if_loaded(py).map_err(describe)? {
-            // A fresh array nothing else references becomes the tensor without a copy.
-            if let Some(t) = adopted(py, value, dtype) {
-                return Ok(t);
-            }
-            if let Some(array) = as_numpy_array(py, np, value).map_err(describe)? {
-                return Ok(array_to_tensor(py, dtype, &array)?);
-            }
-        }
-    }
-    let is_number =
-        exact_number || value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
-    if !is_number && !value.is_instance_of::<PyList>() {
-        if let Some(t) = from_dlpack(py, value, dtype)? {
+        if let Some(t) = from_numpy(py, value, dtype)? {
             return Ok(t);
         }
     }
-    if is_number || value.is_instance_of::<PyList>() {
+    if exact_number
+        || value.is_instance_of::<PyInt>()
+        || value.is_instance_of::<PyFloat>()
+        || value.is_instance_of::<PyList>()
+    {
         let mut leaves = Vec::new();
         let mut dims = Vec::new();
         collect_nested(value, 0, &mut dims, &mut leaves)?;
@@ -133,14 +123,38 @@ pub(crate) fn to_tensor(
             .into_tensor(&dims)
             .map_err(|e| ConversionError::Invalid(e.to_string()));
     }
+    if let Some(t) = from_dlpack(py, value, dtype)? {
+        return Ok(t);
+    }
     Err(ConversionError::NotTensorLike(describe_value(value)))
+}
+
+/// A NumPy array or scalar (or what `numpy.asarray` reads: the buffer protocol, …) when NumPy is
+/// loaded: a fresh array nothing else references becomes the tensor without a copy.
+fn from_numpy(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+) -> std::result::Result<Option<Tensor>, ConversionError> {
+    let describe = |e: PyErr| crate::python::describe(py, &e);
+    let Some(np) = crate::python::numpy::numpy_if_loaded(py).map_err(describe)? else {
+        return Ok(None);
+    };
+    if let Some(t) = adopted(py, value, dtype) {
+        return Ok(Some(t));
+    }
+    match as_numpy_array(py, np, value).map_err(describe)? {
+        Some(array) => Ok(Some(array_to_tensor(py, dtype, &array)?)),
+        None => Ok(None),
+    }
 }
 
 /// Any other DLPack producer (a PyTorch tensor, a CuPy or JAX array): read with one copy by
 /// `dlpack::import` (a CPU producer into candle's `Vec`, a producer on the running op's CUDA device
 /// device to device). Other producers (a GPU one for an op on the CPU, a strided CUDA tensor) are
 /// asked for a copy on the host through NumPy's `from_dlpack` (DLPack 1.x's `dl_device`, NumPy
-/// 2.1's `device="cpu", copy=True`), which then goes to the op's device as any output does.
+/// 2.1's `device="cpu", copy=True`), a fresh array that then becomes the tensor as a NumPy
+/// result does.
 fn from_dlpack(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
@@ -168,7 +182,7 @@ fn from_dlpack(
         let kwargs = pyo3::types::PyDict::new(py);
         kwargs.set_item("device", "cpu")?;
         kwargs.set_item("copy", true)?;
-        py.import("numpy")?
+        crate::python::numpy::import_numpy(py)?
             .getattr(pyo3::intern!(py, "from_dlpack"))?
             .call((value,), Some(&kwargs))
     };
@@ -180,10 +194,10 @@ fn from_dlpack(
             crate::python::describe(py, &e)
         ))
     })?;
-    let array = array
-        .cast_into::<PyUntypedArray>()
-        .map_err(|_| invalid("numpy.from_dlpack returned no array".to_owned()))?;
-    Ok(Some(array_to_tensor(py, dtype, &array)?))
+    match from_numpy(py, &array, dtype)? {
+        Some(t) => Ok(Some(t)),
+        None => Err(invalid("numpy.from_dlpack returned no array".to_owned())),
+    }
 }
 
 pub(crate) fn infer_dtype(leaves: &[Scalar]) -> DType {

@@ -1,7 +1,7 @@
 //! Tensors made ready for Python, outside the GIL: on the CPU for NumPy views, snapshotted when a
 //! concurrent `Var::set` could change them, with the address NumPy views start at.
 
-use candle_core::{CpuStorage, Device, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
 use crate::arg::Arg;
 use crate::error::{Error, ErrorKind, Result};
@@ -20,6 +20,18 @@ pub(crate) enum Passing {
 }
 
 impl Passing {
+    /// Why tensors of `dtype` cannot be passed this way (nor returned: numpy mode's outputs come
+    /// back the way its inputs go), if they cannot.
+    pub(crate) fn refuses(self, dtype: DType) -> Option<&'static str> {
+        match self {
+            Passing::Tensors => None,
+            Passing::Views => (!numpy_can_hold(dtype)).then_some("NumPy cannot hold"),
+            Passing::Dlpack => {
+                (!crate::bridge::dlpack::can_carry(dtype)).then_some("DLPack cannot carry")
+            }
+        }
+    }
+
     /// How an op of `mode` passes its tensors (`dlpack`: numpy mode's `dlpack` option).
     pub(crate) fn of(mode: Mode, dlpack: bool) -> Self {
         match (mode, dlpack) {
@@ -62,6 +74,17 @@ pub(crate) fn prepare_inputs(
 }
 
 fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepared> {
+    if let Some(why) = passing.refuses(t.dtype()) {
+        return Err(Error::mismatch(
+            op,
+            ErrorKind::InvalidArgument,
+            Some(index),
+            format!(
+                "input {index} is {}, which {why}; convert it with `to_dtype` or use tensor mode",
+                t.dtype().as_str()
+            ),
+        ));
+    }
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
     // is differentiable, so gradients still reach the Var. NumPy (or a DLPack consumer) reads
@@ -70,39 +93,18 @@ fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepa
     // tensor on another device is of a host copy, which is the snapshot.
     let moved = passing == Passing::Views && !t.device().is_cpu();
     let snapshot = t.is_variable() || (passing != Passing::Tensors && t.track_op());
-    let t = if snapshot && !moved {
+    let t = if moved {
+        t.to_device(&Device::Cpu)?
+    } else if snapshot {
         t.copy()?
     } else {
         t.clone()
     };
-    let refused = |what: &str, instead: &str| {
-        Error::mismatch(
-            op,
-            ErrorKind::InvalidArgument,
-            Some(index),
-            format!(
-                "input {index} is {}, which {what}; convert it with `to_dtype` or {instead}",
-                t.dtype().as_str()
-            ),
-        )
+    let data = match passing {
+        Passing::Views => cpu_data_ptr(&t),
+        Passing::Tensors | Passing::Dlpack => 0,
     };
-    match passing {
-        Passing::Tensors => Ok(Prepared { tensor: t, data: 0 }),
-        Passing::Dlpack => {
-            if !crate::bridge::dlpack::can_carry(t.dtype()) {
-                return Err(refused("DLPack cannot carry", "use tensor mode"));
-            }
-            Ok(Prepared { tensor: t, data: 0 })
-        }
-        Passing::Views => {
-            if !numpy_can_hold(t.dtype()) {
-                return Err(refused("NumPy cannot hold", "use tensor mode"));
-            }
-            let t = if moved { t.to_device(&Device::Cpu)? } else { t };
-            let data = cpu_data_ptr(&t);
-            Ok(Prepared { tensor: t, data })
-        }
-    }
+    Ok(Prepared { tensor: t, data })
 }
 
 /// The address of a CPU tensor's first element (0 for a dtype NumPy cannot hold, which `prepare`

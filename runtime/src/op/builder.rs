@@ -5,17 +5,16 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use candle_core::DType;
 use pyo3::prelude::*;
 
 use super::gradient::{Gradient, RustGradient};
 use super::workers::Workers;
-use super::{takes_out, OpInner, PyOp};
+use super::{offers_out, OpInner, PyOp};
 use crate::body::source::{self, Source};
 use crate::bridge::prepare::Passing;
 use crate::bridge::with_gil;
 use crate::error::{bail, Error, ErrorKind, Result};
-use crate::spec::{numpy_can_hold, Mode, OutSpec};
+use crate::spec::{Mode, OutSpec};
 use crate::stats::Counters;
 use crate::worker::WorkerPool;
 
@@ -276,24 +275,17 @@ impl OpBuilder {
                 );
             }
         }
-        if self.mode == Mode::Numpy {
-            let (holds, what): (fn(DType) -> bool, _) = if self.dlpack {
-                (crate::bridge::dlpack::can_carry, "DLPack cannot carry")
-            } else {
-                (numpy_can_hold, "NumPy cannot hold")
-            };
-            if let Some((i, o)) = tout
-                .iter()
-                .enumerate()
-                .find(|(_, o)| o.dtype_of.is_none() && !holds(o.dtype))
-            {
-                bail!(
-                    &name,
-                    InvalidArgument,
-                    "output {i} is {}, which {what}; use tensor mode",
-                    o.dtype.as_str()
-                );
-            }
+        let passing = Passing::of(self.mode, self.dlpack);
+        if let Some((i, o, why)) = tout.iter().enumerate().find_map(|(i, o)| {
+            let why = passing.refuses(o.dtype).filter(|_| o.dtype_of.is_none())?;
+            Some((i, o, why))
+        }) {
+            bail!(
+                &name,
+                InvalidArgument,
+                "output {i} is {}, which {why}; use tensor mode",
+                o.dtype.as_str()
+            );
         }
         if self.pool.is_some() {
             if self.mode != Mode::Numpy {
@@ -369,9 +361,7 @@ impl OpBuilder {
                     ))
                 }
             };
-            // `out` buffers are NumPy arrays in host memory: offered only with NumPy views.
-            let accepts_out =
-                Passing::of(mode, dlpack) == Passing::Views && takes_out(body.bind(py));
+            let accepts_out = offers_out(Passing::of(mode, dlpack), body.bind(py));
             let keep = if shared {
                 None
             } else {

@@ -163,8 +163,7 @@ impl OpInner {
             Some(r) => {
                 let body = self.reloaded(py, r).body;
                 // A reloaded body may have gained or dropped its `out` parameter.
-                let out =
-                    self.passing() == crate::bridge::prepare::Passing::Views && takes_out(&body);
+                let out = offers_out(self.passing(), &body);
                 (body, out)
             }
         }
@@ -226,8 +225,13 @@ impl Drop for OpInner {
     }
 }
 
-/// Whether `f` has a parameter named `out` (a builtin without a signature has not).
-pub(crate) fn takes_out(f: &Bound<'_, PyAny>) -> bool {
+/// Whether calls hand `f` `out` buffers: NumPy arrays in host memory, offered only with NumPy
+/// views (`passing`), to a body with a parameter named `out` (a builtin without a signature has
+/// none).
+pub(crate) fn offers_out(passing: crate::bridge::prepare::Passing, f: &Bound<'_, PyAny>) -> bool {
+    if passing != crate::bridge::prepare::Passing::Views {
+        return false;
+    }
     let py = f.py();
     py.import("inspect")
         .and_then(|i| i.call_method1("signature", (f,)))

@@ -12,13 +12,13 @@ use serde_json::{json, Value};
 
 use super::OpInner;
 use crate::arg::Arg;
-use crate::body::source::Source;
+use crate::body::source::{cannot_load, Source};
 use crate::bridge::outputs::{outputs_from_python, OutputCheck};
 use crate::bridge::prepare::{cpu_data_ptr, Prepared};
-use crate::bridge::shared::{reply_value, result_not_sent, worker_exception};
+use crate::bridge::shared::{region, reply_value, result_not_sent, worker_exception};
 use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result};
-use crate::worker::{layout, Launch, Lease, WorkerPool};
+use crate::worker::{layout, Launch, Lease, WorkerPool, LOAD_TIMEOUT};
 use crate::worker::{Failure, Reply, Request, StartError};
 
 /// An op's pool and how its workers load its body.
@@ -264,11 +264,10 @@ pub(crate) struct WorkerCall<'a> {
     pub reloaded: Option<Source>,
 }
 
-/// A reply, and where its `out` buffers are. It holds the worker until it is dropped: the
+/// A reply, and the worker it came from. It holds the worker until it is dropped: the
 /// worker's next call would overwrite the shared memory the reply's values are read from.
 pub(crate) struct Answer {
     pub reply: Reply,
-    out_offsets: Vec<usize>,
     pub worker: u64,
     _lease: Lease,
 }
@@ -285,6 +284,13 @@ impl OpInner {
         let accepts_out =
             with_gil(&self.name, |py| Ok(self.body_now(py).1)).map_or(self.accepts_out, |(a, _)| a);
         (Some(r.source()), accepts_out)
+    }
+
+    /// The body's source as errors name it.
+    fn body_named(&self) -> String {
+        self.source
+            .as_ref()
+            .map_or_else(|| "the body".to_owned(), Source::describe)
     }
 
     /// A worker of the op's pool for one call, started if none is idle (without the GIL).
@@ -349,49 +355,10 @@ impl OpInner {
             match result {
                 Ok(reply) => Ok(Answer {
                     reply,
-                    out_offsets: offsets[n_in..].to_vec(),
                     worker: id,
                     _lease: lease,
                 }),
-                Err(Failure::TimedOut { loading: false }) => {
-                    lease.discard(true);
-                    Err(Error::op_failure(
-                        op,
-                        ErrorKind::Timeout,
-                        format!(
-                            "the body ran past its time limit of {:?} in worker {id} (pid \
-                             {pid}), which was killed; the next call starts a new worker",
-                            call.timeout.unwrap_or_default()
-                        ),
-                    ))
-                }
-                Err(Failure::TimedOut { loading: true }) => {
-                    lease.discard(true);
-                    Err(Error::op_failure(
-                        op,
-                        ErrorKind::Timeout,
-                        format!(
-                            "loading the body in worker {id} (pid {pid}) took over 120 s; the \
-                             worker was killed, and the next call starts a new one"
-                        ),
-                    ))
-                }
-                Err(Failure::Lost { how, loading }) => {
-                    lease.discard(false);
-                    let doing = if loading {
-                        "loading the body"
-                    } else {
-                        "running the body"
-                    };
-                    Err(Error::op_failure(
-                        op,
-                        ErrorKind::WorkerLost,
-                        format!(
-                            "worker {id} (pid {pid}) {how} while {doing}; this call failed, and \
-                             the next call starts a new worker"
-                        ),
-                    ))
-                }
+                Err(f) => Err(lost_call(op, lease, f, call.timeout)),
             }
         })
     }
@@ -405,53 +372,33 @@ impl OpInner {
         check: &OutputCheck<'_>,
         outs: Option<&[(DType, Vec<usize>)]>,
     ) -> Result<Vec<Tensor>> {
-        let value = self.worker_value(py, answer)?;
-        let Some(outs) = outs else {
-            return outputs_from_python(py, check, value);
+        let reply = &answer.reply;
+        let Some(outs) = outs.filter(|_| reply.header["out"] == true) else {
+            let value = self.worker_value(py, answer)?;
+            return match outs {
+                None => outputs_from_python(py, check, value),
+                Some(_) => Err(crate::bridge::out::returned_instead_of_out(check, &value)),
+            };
         };
-        if answer.reply.header["out"] != true {
-            return Err(crate::bridge::out::returned_instead_of_out(check, &value));
-        }
-        drop(value);
         // Where each output's bytes are: its `out` buffer in the input arena, or, when the body
         // kept a view of its buffers, the copy the worker made in the result arena.
-        let reply = &answer.reply;
-        let places: Vec<(&memmap2::MmapRaw, usize)> = match reply.header["outs"].as_array() {
-            None => answer
-                .out_offsets
-                .iter()
-                .map(|&at| (&*reply.input, at))
-                .collect(),
-            Some(copies) => copies
-                .iter()
-                .map(|c| {
-                    // An empty output is named [0, 0, 0] and read from nowhere.
-                    let map = match (&reply.result, c[0].as_u64()) {
-                        (Some(result), Some(1)) => &**result,
-                        _ => &*reply.input,
-                    };
-                    (map, c[1].as_u64().unwrap_or(u64::MAX) as usize)
-                })
-                .collect(),
-        };
-        if places.len() != outs.len() {
+        let places = reply.header["outs"].as_array();
+        let Some(places) = places.filter(|p| p.len() == outs.len()) else {
             return Err(check.error(None, "a worker named the wrong outputs".into()));
-        }
+        };
         outs.iter()
             .zip(places)
-            .map(|((dtype, dims), (map, at))| {
+            .map(|((dtype, dims), at)| {
                 let len = dtype.size_in_bytes() * dims.iter().product::<usize>();
-                if len == 0 {
-                    return Ok(Tensor::zeros(dims.clone(), *dtype, check.device)?);
-                }
-                if at.checked_add(len).is_none_or(|end| end > map.len()) {
+                let Some((map, offset, _)) = region(reply, at).filter(|r| r.2 == len) else {
                     return Err(check.error(None, "a worker named memory outside its arena".into()));
-                }
-                // SAFETY: `at..at + len` lies inside a mapping `reply` keeps alive (checked
-                // above); the worker has finished writing it (it replied), and no view the body
-                // kept can reach it (the worker copied it into the result arena if one could).
+                };
+                // SAFETY: `offset..offset + len` lies inside a mapping `reply` keeps alive
+                // (`region`); the worker has finished writing it (it replied), and no view the
+                // body kept can reach it (the worker copied it into the result arena if one
+                // could).
                 let t = unsafe {
-                    crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(at), dims.clone())
+                    crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(offset), dims.clone())
                 }?;
                 Ok(t.to_device(check.device)?)
             })
@@ -469,14 +416,7 @@ impl OpInner {
         if header["s"] == "err" {
             let exc = &header["exc"];
             return Err(match exc["phase"].as_str() {
-                Some("load") => {
-                    let what = self
-                        .source
-                        .as_ref()
-                        .map_or_else(|| "the body".to_owned(), Source::describe);
-                    worker_exception(py, op, exc)
-                        .with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
-                }
+                Some("load") => cannot_load(worker_exception(py, op, exc), &self.body_named()),
                 Some("result") => result_not_sent(op, exc),
                 // The worker's own machinery failed (it exits after saying so, and is replaced).
                 Some("worker") => Error::op_failure(
@@ -514,42 +454,19 @@ impl OpInner {
         crate::python::without_gil(|| {
             let mut lease = self.lease(workers, launch)?;
             let ping = json!({"op": "ping", "key": key, "fns": functions});
-            let deadline = Some(Instant::now() + Duration::from_secs(120));
+            let deadline = Some(Instant::now() + LOAD_TIMEOUT);
             match lease.worker().ask(Some((key, load)), ping, deadline) {
                 Ok(header) => Ok(header),
-                Err(f) => {
-                    let timed_out = matches!(f, Failure::TimedOut { .. });
-                    lease.discard(timed_out);
-                    Err(match f {
-                        Failure::Lost { how, .. } => Error::op_failure(
-                            op,
-                            ErrorKind::WorkerLost,
-                            format!("a worker {how} while loading the body"),
-                        ),
-                        Failure::TimedOut { .. } => Error::op_failure(
-                            op,
-                            ErrorKind::Timeout,
-                            "a worker took over 120 s to load the body and was killed",
-                        ),
-                    })
-                }
+                Err(f) => Err(lost_call(op, lease, f, None)),
             }
         })
         .and_then(|header| {
             if header["s"] == "err" {
-                let answer_err =
-                    with_gil(op, |py| {
-                        let what = self
-                            .source
-                            .as_ref()
-                            .map_or_else(|| "the body".to_owned(), Source::describe);
-                        Ok(worker_exception(py, op, &header["exc"])
-                            .with_kind(ErrorKind::Source, |m| {
-                                format!("cannot load {what} in a worker: {m}")
-                            }))
-                    })?
-                    .0;
-                return Err(answer_err);
+                let err = with_gil(op, |py| Ok(worker_exception(py, op, &header["exc"])))?.0;
+                return Err(cannot_load(
+                    err,
+                    &format!("{} in a worker", self.body_named()),
+                ));
             }
             let missing: Vec<&str> = header["missing"]
                 .as_array()
@@ -563,9 +480,7 @@ impl OpInner {
                     ErrorKind::MissingFunction,
                     format!(
                         "in a worker, {} defines no callable {}",
-                        self.source
-                            .as_ref()
-                            .map_or_else(|| "the body".to_owned(), Source::describe),
+                        self.body_named(),
                         missing
                             .iter()
                             .map(|m| format!("`{m}`"))
@@ -591,6 +506,48 @@ impl super::PyOp {
         let launch = launch(&op.name)?;
         crate::python::without_gil(|| workers.pool.fill(launch))
             .map_err(|e| start_error(&op.name, launch, e))
+    }
+}
+
+/// The error of a request its worker never answered (`timeout`: the call's limit), the worker
+/// given up: killed if it timed out, reaped if it died.
+fn lost_call(op: &str, mut lease: Lease, failure: Failure, timeout: Option<Duration>) -> Error {
+    let (id, pid) = (lease.worker().id, lease.worker().pid);
+    lease.discard(matches!(failure, Failure::TimedOut { .. }));
+    match failure {
+        Failure::TimedOut { loading: false } => Error::op_failure(
+            op,
+            ErrorKind::Timeout,
+            format!(
+                "the body ran past its time limit of {:?} in worker {id} (pid {pid}), which was \
+                 killed; the next call starts a new worker",
+                timeout.unwrap_or_default()
+            ),
+        ),
+        Failure::TimedOut { loading: true } => Error::op_failure(
+            op,
+            ErrorKind::Timeout,
+            format!(
+                "loading the body in worker {id} (pid {pid}) took over {} s; the worker was \
+                 killed, and the next call starts a new one",
+                LOAD_TIMEOUT.as_secs()
+            ),
+        ),
+        Failure::Lost { how, loading } => {
+            let doing = if loading {
+                "loading the body"
+            } else {
+                "running the body"
+            };
+            Error::op_failure(
+                op,
+                ErrorKind::WorkerLost,
+                format!(
+                    "worker {id} (pid {pid}) {how} while {doing}; this call failed, and the next \
+                     call starts a new worker"
+                ),
+            )
+        }
     }
 }
 

@@ -12,7 +12,7 @@ static NUMPY: PyOnceLock<()> = PyOnceLock::new();
 /// Checks that NumPy imports, once per process; rust-numpy panics if it does not.
 pub(crate) fn ensure_numpy(py: Python<'_>, op: Option<&str>) -> Result<()> {
     NUMPY
-        .get_or_try_init(py, || match numpy_import(py) {
+        .get_or_try_init(py, || match import_numpy(py) {
             Ok(_) => Ok(()),
             Err(e) => {
                 let (used, fix, note) = match super::env::current(py) {
@@ -77,7 +77,7 @@ pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<&'static NumpyR
 
 /// Imports NumPy where no time limit can interrupt it: an import interrupted half-way leaves
 /// NumPy unimportable for the rest of the process ("cannot load module more than once").
-fn numpy_import(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+pub(crate) fn import_numpy(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     let _shield = super::timeout::Shield::new();
     py.import("numpy")
 }

@@ -5,11 +5,11 @@ use std::fmt::{self, Write as _};
 use pyo3::prelude::*;
 
 use crate::body::source;
+use crate::bridge::prepare::Passing;
 use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result, NO_OP};
 use crate::registry::decl::{GradDecl, OpDecl, StaticOp};
 use crate::registry::registered_ops;
-use crate::spec::Mode;
 
 /// One thing wrong: with the program's Python set-up, or with one or more declared ops. One root
 /// cause is one problem, listing every op it affects.
@@ -156,8 +156,8 @@ pub fn validation_report() -> Result<ValidationReport> {
         let numpy_ops: Vec<&OpDecl> = ops
             .iter()
             .map(|op| op.decl())
-            // A `dlpack` op needs NumPy only if its body imports it (it may use torch or CuPy).
-            .filter(|d| d.mode() == Mode::Numpy && !d.dlpack())
+            // Only NumPy views need NumPy: a `dlpack` op's body may use torch or CuPy instead.
+            .filter(|d| Passing::of(d.mode(), d.dlpack()) == Passing::Views)
             .collect();
         let mut numpy_cause = None;
         if let Some(first) = numpy_ops.first() {

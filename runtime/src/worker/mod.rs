@@ -55,6 +55,10 @@ pub(crate) enum StartError {
     Failed(String),
 }
 
+/// How long loading a body's module in a worker may take (its imports: NumPy is already there,
+/// a large library may not be).
+pub(crate) const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Why a call got no reply.
 #[derive(Debug)]
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -308,28 +312,43 @@ impl WorkerPool {
                     });
                 }
                 if st.live < p.size {
-                    st.live += 1;
-                    st.next_id += 1;
-                    break st.next_id - 1;
+                    break st.reserve();
                 }
                 st = p.freed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
+        Ok(Lease {
+            pool: Arc::clone(p),
+            worker: Some(p.start(id, launch)?),
+        })
+    }
+}
+
+impl PoolState {
+    /// Counts one more worker as running and gives it its id, before it starts.
+    fn reserve(&mut self) -> u64 {
+        self.live += 1;
+        self.next_id += 1;
+        self.next_id - 1
+    }
+}
+
+impl PoolInner {
+    /// Starts the worker `id` was reserved for, counting its start; if it cannot start, its
+    /// place is given back.
+    fn start(&self, id: u64, launch: &Launch) -> Result<Worker, StartError> {
         let started = Instant::now();
         match Worker::start(id, launch) {
             Ok(w) => {
-                p.started.fetch_add(1, Relaxed);
-                p.start_ns
+                self.started.fetch_add(1, Relaxed);
+                self.start_ns
                     .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
                 tracing::debug!(worker = id, pid = w.pid, "pyop worker started");
-                Ok(Lease {
-                    pool: Arc::clone(p),
-                    worker: Some(w),
-                })
+                Ok(w)
             }
             Err(e) => {
-                p.lock().live -= 1;
-                p.freed.notify_one();
+                self.lock().live -= 1;
+                self.freed.notify_one();
                 Err(e)
             }
         }
@@ -344,37 +363,24 @@ impl WorkerPool {
         let ids: Vec<u64> = {
             let mut st = p.lock();
             let missing = p.size - st.live;
-            st.live += missing;
-            (0..missing)
-                .map(|_| {
-                    st.next_id += 1;
-                    st.next_id - 1
-                })
-                .collect()
+            (0..missing).map(|_| st.reserve()).collect()
         };
-        let started = Instant::now();
         let results: Vec<Result<Worker, StartError>> = std::thread::scope(|s| {
             let handles: Vec<_> = ids
                 .iter()
-                .map(|&id| s.spawn(move || Worker::start(id, launch)))
+                .map(|&id| s.spawn(move || p.start(id, launch)))
                 .collect();
             handles
                 .into_iter()
                 .map(|h| h.join().expect("a worker start does not panic"))
                 .collect()
         });
-        let took = started.elapsed().as_nanos() as u64;
         let mut first_error = None;
         let mut st = p.lock();
         for r in results {
             match r {
-                Ok(w) => {
-                    p.started.fetch_add(1, Relaxed);
-                    p.start_ns.fetch_add(took, Relaxed);
-                    st.idle.push(w);
-                }
+                Ok(w) => st.idle.push(w),
                 Err(e) => {
-                    st.live -= 1;
                     first_error.get_or_insert(e);
                 }
             }

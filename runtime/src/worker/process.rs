@@ -29,10 +29,6 @@ exec(compile(bytes(b), '<pyop>', 'exec'), {'__name__': '__pyop_worker__'})\n";
 /// How long a worker may take to start (the interpreter and NumPy).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How long loading a body's module in a worker may take (its imports: NumPy is already there,
-/// a large library may not be).
-const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// After this many calls in a row that use less than a quarter of an arena of at least 8 MiB,
 /// the arena is replaced by one that fits: one large call does not pin its memory for the
 /// worker's life.
@@ -237,36 +233,47 @@ impl Worker {
         Ok((header, payload))
     }
 
+    /// Loads the body whose load request is `load` under `key`, unless it is loaded: with its own
+    /// limit (a body's time limit is its calls'), once per worker whether it loads or fails (a
+    /// failed load's reply is kept and given again). `Some` is that failed reply.
+    fn ensure_loaded(
+        &mut self,
+        key: &str,
+        load: &str,
+    ) -> Result<Option<(serde_json::Value, Vec<u8>)>, Broken> {
+        if let Some(reply) = self.failed_loads.get(key) {
+            return Ok(Some(reply.clone()));
+        }
+        if self.loaded.contains(key) {
+            return Ok(None);
+        }
+        self.loading = true;
+        self.seq += 1;
+        let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
+        wire::send(&self.sock, frame.as_bytes(), &[])
+            .map_err(|e| Broken::Recv(RecvError::Io(e)))?;
+        let (header, payload) = self.reply(Some(Instant::now() + super::LOAD_TIMEOUT))?;
+        self.loading = false;
+        // An earlier generation of this op's module (hot reload) is gone there.
+        let base = key.rsplit_once('.').map_or(key, |(b, _)| b);
+        self.loaded
+            .retain(|k| k.rsplit_once('.').is_none_or(|(b, _)| b != base));
+        if header["s"] == "ok" {
+            self.loaded.insert(key.to_owned());
+            Ok(None)
+        } else {
+            self.failed_loads
+                .insert(key.to_owned(), (header.clone(), payload.clone()));
+            Ok(Some((header, payload)))
+        }
+    }
+
     fn exchange(&mut self, req: Request<'_>) -> Result<Reply, Broken> {
         let io = |e| Broken::Recv(RecvError::Io(e));
         if let Some((key, load)) = &req.load {
-            let failed = match self.failed_loads.get(key) {
-                Some(reply) => Some(reply.clone()),
-                None if self.loaded.contains(key) => None,
-                None => {
-                    // Loaded first, with its own limit: a body's time limit is its calls'.
-                    self.loading = true;
-                    self.seq += 1;
-                    let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
-                    wire::send(&self.sock, frame.as_bytes(), &[]).map_err(io)?;
-                    let (header, payload) = self.reply(Some(Instant::now() + LOAD_TIMEOUT))?;
-                    self.loading = false;
-                    // An earlier generation of this op's module (hot reload) is gone there.
-                    let base = key.rsplit_once('.').map_or(key.as_str(), |(b, _)| b);
-                    self.loaded
-                        .retain(|k| k.rsplit_once('.').is_none_or(|(b, _)| b != base));
-                    if header["s"] == "ok" {
-                        self.loaded.insert(key.clone());
-                        None
-                    } else {
-                        self.failed_loads
-                            .insert(key.clone(), (header.clone(), payload.clone()));
-                        Some((header, payload))
-                    }
-                }
-            };
+            let failed = self.ensure_loaded(key, load)?;
             if let Some((header, payload)) = failed {
-                let input = self.arena_for(0, 0).map_err(io)?;
+                let input = self.input_arena(0).map_err(io)?;
                 return Ok(Reply {
                     header,
                     payload,
@@ -275,7 +282,7 @@ impl Worker {
                 });
             }
         }
-        let input = self.arena_for(0, req.arena_len).map_err(io)?;
+        let input = self.input_arena(req.arena_len).map_err(io)?;
         for (offset, bytes) in &req.inputs {
             // SAFETY: the worker is between calls (it reads the arena only while running one,
             // and that call's reply came before this request).
@@ -314,10 +321,10 @@ impl Worker {
         }
     }
 
-    /// The input arena (`which` 0) with room for `needed` bytes, made (and sent) if there is
+    /// The input arena with room for `needed` bytes, made (and sent) if there is
     /// none, it is too small, or it has been far too large for long.
-    fn arena_for(&mut self, which: usize, needed: usize) -> std::io::Result<&Arena> {
-        self.note_use(which, needed);
+    fn input_arena(&mut self, needed: usize) -> std::io::Result<&Arena> {
+        self.note_use(0, needed);
         if self.input.as_ref().is_none_or(|a| a.len() < needed) {
             let arena = Arena::with_room_for(needed)?;
             self.send_arena(0, &arena)?;
@@ -368,17 +375,8 @@ impl Worker {
         let run = |w: &mut Worker| -> Result<serde_json::Value, Broken> {
             let io = |e| Broken::Recv(RecvError::Io(e));
             if let Some((key, load)) = &load {
-                if !w.loaded.contains(key) {
-                    w.seq += 1;
-                    let frame = format!("{{\"q\":{},{}", w.seq, &load[1..]);
-                    wire::send(&w.sock, frame.as_bytes(), &[]).map_err(io)?;
-                    w.loading = true;
-                    let (header, _) = w.reply(deadline)?;
-                    w.loading = false;
-                    if header["s"] != "ok" {
-                        return Ok(header);
-                    }
-                    w.loaded.insert(key.clone());
+                if let Some((header, _)) = w.ensure_loaded(key, load)? {
+                    return Ok(header);
                 }
             }
             let frame = w.next_frame(request);

@@ -397,23 +397,26 @@ def _call(msg):
     if err is not None:
         _send({"s": "err", "exc": err, "retained": retained})
         return
-    outs = None
+    inp = _arenas[0]
     if retained:
-        inp = _arenas[0]
         for p in placed:
             if p[0] == 0 and p[2] > 0:
                 _, off, n = p
                 p.clear()
                 need = _room(n, [], to_copy, inp.view[off:off + n], need)
                 p.extend([1, to_copy[-1][0], n])
-        if returned_out:
-            outs = []
-            for off, dtype, shape in msg["out"]:
-                n = _count(shape) * _np.dtype(dtype).itemsize
-                if n == 0:
-                    outs.append([0, 0, 0])
-                else:
-                    need = _room(n, outs, to_copy, inp.view[off:off + n], need)
+    # Where the parent reads each `out` buffer: in place, or its copy in the result arena.
+    outs = None
+    if returned_out:
+        outs = []
+        for off, dtype, shape in msg["out"]:
+            n = _count(shape) * _np.dtype(dtype).itemsize
+            if n == 0:
+                outs.append([0, 0, 0])
+            elif retained:
+                need = _room(n, outs, to_copy, inp.view[off:off + n], need)
+            else:
+                outs.append([0, off, n])
     res = _arenas[1]
     if need and need > (res.size if res is not None else 0):
         _send({"s": "need", "need": need})

@@ -100,13 +100,6 @@ def loads(data, buffers):
     return _Unpickler(_io.BytesIO(data), buffers=buffers).load()
 
 
-def array(buffer, dtype, shape):
-    """A plain array a worker sent without a pickle: a read-only view of its bytes."""
-    import numpy
-
-    return numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
-
-
 def exception(type_name, module, bases, message, name):
     """An exception of the worker's type name, deriving from the same builtin exception (so it
     maps to the same error kind), whose str() is the worker's message exactly."""

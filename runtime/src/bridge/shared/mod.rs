@@ -90,7 +90,8 @@ pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound
             .flatten()
             .map(|d| d.as_u64().unwrap_or(0) as usize)
             .collect();
-        return glue_fn(py, "array")?.call1((bytes, dtype, shape));
+        // A read-only view of its bytes, of a plain dtype (as a pickled array's are).
+        return glue_fn(py, "_array")?.call1((dtype, shape, bytes));
     }
     let buffers = PyList::empty(py);
     for buf in reply.header["bufs"].as_array().into_iter().flatten() {
@@ -99,27 +100,36 @@ pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound
     glue_fn(py, "loads")?.call1((PyBytes::new(py, &reply.payload), buffers))
 }
 
-/// The bytes a reply names, `[arena, offset, length]`, checked to lie in that arena (an empty
-/// buffer is read from nowhere).
+/// Where `[arena, offset, length]` in a reply lies: in its input arena (0) or its result arena
+/// (1), checked to lie inside it; `None` for anything else.
+pub(crate) fn region<'r>(
+    reply: &'r Reply,
+    at: &serde_json::Value,
+) -> Option<(&'r Arc<MmapRaw>, usize, usize)> {
+    let field = |i: usize| at[i].as_u64().and_then(|v| usize::try_from(v).ok());
+    let (offset, len) = (field(1)?, field(2)?);
+    let map = match field(0)? {
+        0 => &reply.input,
+        1 => reply.result.as_ref()?,
+        _ => return None,
+    };
+    (offset.checked_add(len)? <= map.len()).then_some((map, offset, len))
+}
+
+/// The bytes a reply names (`region`), as a read-only buffer over the arena.
 fn shared_bytes<'py>(
     py: Python<'py>,
     reply: &Reply,
     at: &serde_json::Value,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let field = |i: usize| at[i].as_u64().unwrap_or(u64::MAX) as usize;
-    if field(2) == 0 {
-        return Ok(PyBytes::new(py, b"").into_any());
-    }
-    let map = match field(0) {
-        0 => Some(&reply.input),
-        _ => reply.result.as_ref(),
-    };
-    let (offset, len) = (field(1), field(2));
-    let Some(map) = map.filter(|m| offset.checked_add(len).is_some_and(|e| e <= m.len())) else {
+    let Some((map, offset, len)) = region(reply, at) else {
         return Err(PyBufferError::new_err(
             "a worker named a buffer outside its shared memory",
         ));
     };
+    if len == 0 {
+        return Ok(PyBytes::new(py, b"").into_any());
+    }
     Ok(Bound::new(
         py,
         SharedBytes {

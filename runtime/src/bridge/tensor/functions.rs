@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Shape, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList};
 
 use super::device::current_device;
 use super::helpers::*;
@@ -31,18 +32,17 @@ pub(super) fn tensor(
         };
         return Ok(wrap(t));
     }
-    // NumPy arrays keep their own dtype, then convert (a requested dtype is a conversion here, not
-    // a check as for outputs).
-    let t = to_tensor(py, obj, None)?;
+    // Python numbers and lists are fitted to the requested dtype; values with a dtype of their own
+    // (NumPy arrays and scalars, DLPack producers) keep it, then convert (a requested dtype is a
+    // conversion here, not a check as for outputs).
+    let plain = obj.is_exact_instance_of::<PyFloat>()
+        || obj.is_exact_instance_of::<PyInt>()
+        || obj.is_exact_instance_of::<PyBool>()
+        || obj.is_instance_of::<PyList>();
     let t = match dtype {
-        Some(d) if d != t.dtype() => {
-            if obj.cast::<numpy::PyUntypedArray>().is_ok() {
-                t.to_dtype(d).map_err(value_error)?
-            } else {
-                to_tensor(py, obj, Some(d))?
-            }
-        }
-        _ => t,
+        Some(d) if plain => to_tensor(py, obj, Some(d))?,
+        Some(d) => to_tensor(py, obj, None)?.to_dtype(d).map_err(value_error)?,
+        None => to_tensor(py, obj, None)?,
     };
     Ok(wrap(t.to_device(&current_device()).map_err(value_error)?))
 }
