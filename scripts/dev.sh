@@ -46,6 +46,8 @@ case "${1:-}" in
     # Some test bodies check with Python `assert`, which PYTHONOPTIMIZE would strip
     # (tests/devx_tests.rs checks that asserts run).
     unset PYTHONOPTIMIZE
+    # A clean clone builds everything once: incremental caches would only take disk.
+    if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
     if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
       rustup component add rustfmt clippy
     fi
