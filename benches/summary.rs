@@ -42,6 +42,11 @@ fn dlpack_plus1(x: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, workers = 1, tout = f32)]
 fn worker_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// A body that spends its time in NumPy's BLAS: its threads compete with the other worker's
+/// unless the pool shares the cores among them (`OPENBLAS_NUM_THREADS=2` shows the cost).
+#[py_op(code = "def matmul(x):\n    return x @ x", name = "matmul", numpy, workers = 2, tout = f64)]
+fn matmul_workers(x: &Tensor) -> pyop::Result<Tensor>;
+
 /// A Python-bound body of about 1 ms (a Python loop): what a tokeniser or a parser costs.
 const PYLOOP: &str = "def pyloop(x, n):\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return x + (s % 2)";
 
@@ -437,6 +442,13 @@ fn main() {
             );
         }
     }
+    let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
+    report(
+        "matmul256_workers2_2threads",
+        threaded(2, calls, || {
+            matmul_workers(&x).unwrap();
+        }),
+    );
     let calls = if quick { 2 } else { 50 };
     report("timeout_late_idle", timeout_latency(0, calls));
     report("timeout_late_busy4", timeout_latency(4, calls));

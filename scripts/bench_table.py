@@ -105,5 +105,8 @@ if p1 and p2:
 q1, q2 = pyop.get("pyloop_inprocess_1thread"), pyop.get("pyloop_workers2_1thread")
 if q1 and q2:
     print(f"| the same, 1 thread | {fmt(q1)} | {fmt(q2)} | |")
+if "matmul256_workers2_2threads" in pyop:
+    print(f"| 256×256 f64 `x @ x` (NumPy's BLAS), 2 threads | — | "
+          f"{fmt(pyop['matmul256_workers2_2threads'])} | the cores shared among the workers' BLAS threads |")
 if "worker_start" in pyop:
     print(f"| starting a worker (interpreter + NumPy) | — | {fmt(pyop['worker_start'])} | |")

@@ -466,6 +466,96 @@ fn eight_threads_through_two_workers_get_exact_results() {
     });
 }
 
+// --- the CPUs a worker's BLAS threads get ---
+
+/// What sizes BLAS and OpenMP thread pools (as `runtime/src/worker/mod.rs` lists them).
+const THREAD_VARS: [&str; 7] = [
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+];
+
+/// Run by `workers_share_the_cpus_among_their_blas_threads`: one call in a pool of
+/// `PYOP_TEST_POOL` workers; prints each of `THREAD_VARS` as the worker's environment has it (-1
+/// when unset), then the number of threads the worker runs.
+#[test]
+#[ignore = "a child process of workers_share_the_cpus_among_their_blas_threads, with the \
+            environment that test gives it"]
+fn blas_threads_child() {
+    let size = std::env::var("PYOP_TEST_POOL").unwrap().parse().unwrap();
+    let op = worker_op(
+        &WorkerPool::new(size),
+        "threads",
+        &format!(
+            "import os\ndef f(x):\n    vals = [int(os.environ.get(v, -1)) for v in {THREAD_VARS:?}]\n    \
+             return np.array(vals + [len(os.listdir('/proc/self/task'))], dtype=np.int64)"
+        ),
+        &[OutSpec::new(DType::I64)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let got = op.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap();
+    let got: Vec<String> = got.iter().map(|v| v.to_string()).collect();
+    println!("THREADS {}", got.join(" "));
+}
+
+/// `blas_threads_child`'s line, run in a pool of `size` with none of `THREAD_VARS` set but `env`.
+fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", "blas_threads_child", "--nocapture"])
+        .env("PYOP_TEST_POOL", size.to_string());
+    for var in THREAD_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("THREADS "))
+        .unwrap_or_else(|| panic!("no THREADS line:\n{stdout}"));
+    line.split(' ').map(|v| v.parse().unwrap()).collect()
+}
+
+/// A worker's BLAS and OpenMP pools get the program's CPUs shared among the pool's workers, at
+/// least one thread each (as joblib's process pools do), so NumPy's OpenBLAS does not start a
+/// thread per core in every worker; a setting in the program's own environment is kept.
+#[test]
+fn workers_share_the_cpus_among_their_blas_threads() {
+    let _s = serial();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let want = (cpus / 2).max(1) as i64;
+    let got = blas_threads(2, &[]);
+    assert_eq!(
+        got[..7],
+        [want; 7],
+        "{THREAD_VARS:?} in a pool of 2 on {cpus} CPUs"
+    );
+    assert!(
+        (1..=want).contains(&got[7]),
+        "the worker's main thread and at most {want} - 1 of OpenBLAS: {got:?}"
+    );
+    // More workers than CPUs: one thread each, and OpenBLAS starts none of its own.
+    assert_eq!(blas_threads(2 * cpus, &[]), [1; 8]);
+    let got = blas_threads(2 * cpus, &[("OPENBLAS_NUM_THREADS", "2")]);
+    assert_eq!(
+        got[..7],
+        [1, 2, 1, 1, 1, 1, 1],
+        "the program's own setting is kept"
+    );
+    assert!((1..=2).contains(&got[7]), "{got:?}");
+}
+
 // --- a pool shared by declared ops ---
 
 #[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]

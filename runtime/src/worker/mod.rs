@@ -45,6 +45,20 @@ pub(crate) struct Launch {
     pub pip_numpy: String,
 }
 
+/// The variables that size the thread pools of BLAS, OpenMP and their kin (NumPy's OpenBLAS,
+/// MKL, BLIS, Accelerate, numexpr, numba), as joblib's process pools (loky) set them: a worker
+/// gets each one that the program's own environment does not set.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) const THREAD_VARS: [&str; 7] = [
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+];
+
 /// Why a worker could not start.
 #[derive(Debug)]
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -338,7 +352,7 @@ impl PoolInner {
     /// place is given back.
     fn start(&self, id: u64, launch: &Launch) -> Result<Worker, StartError> {
         let started = Instant::now();
-        match Worker::start(id, launch) {
+        match Worker::start(id, launch, self.threads_per_worker()) {
             Ok(w) => {
                 self.started.fetch_add(1, Relaxed);
                 self.start_ns
@@ -352,6 +366,17 @@ impl PoolInner {
                 Err(e)
             }
         }
+    }
+}
+
+impl PoolInner {
+    /// The threads each worker's BLAS and OpenMP pools get: the CPUs this program may use (its
+    /// affinity and cgroup quota), shared among the pool's workers, at least one. Without it, a
+    /// pool of N workers on C cores would run N × C BLAS threads, and each worker would start C
+    /// of them.
+    fn threads_per_worker(&self) -> usize {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cpus / self.size).max(1)
     }
 }
 

@@ -13,7 +13,7 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn start(_id: u64, _launch: &Launch) -> Result<Worker, StartError> {
+    pub(crate) fn start(_id: u64, _launch: &Launch, _threads: usize) -> Result<Worker, StartError> {
         Err(StartError::Failed(
             "worker processes run on Linux only (they need memfd shared memory and \
              PR_SET_PDEATHSIG); run this op in the program (without `workers`)"
