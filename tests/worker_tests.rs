@@ -468,16 +468,8 @@ fn eight_threads_through_two_workers_get_exact_results() {
 
 // --- the CPUs a worker's BLAS threads get ---
 
-/// What sizes BLAS and OpenMP thread pools (as `runtime/src/worker/mod.rs` lists them).
-const THREAD_VARS: [&str; 7] = [
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "NUMBA_NUM_THREADS",
-];
+/// What sizes BLAS and OpenMP thread pools, as pyop sets it in workers.
+const THREAD_VARS: [&str; 7] = WorkerPool::THREAD_VARS;
 
 /// Run by `workers_share_the_cpus_among_their_blas_threads`: one call in a pool of
 /// `PYOP_TEST_POOL` workers; prints each of `THREAD_VARS` as the worker's environment has it (-1
@@ -533,6 +525,11 @@ fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
 #[test]
 fn workers_share_the_cpus_among_their_blas_threads() {
     let _s = serial();
+    // What NumPy's OpenBLAS reads (its pthreads and OpenMP builds).
+    assert_eq!(
+        THREAD_VARS[..2],
+        ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
+    );
     let cpus = std::thread::available_parallelism().unwrap().get();
     let want = (cpus / 2).max(1) as i64;
     let got = blas_threads(2, &[]);

@@ -45,20 +45,6 @@ pub(crate) struct Launch {
     pub pip_numpy: String,
 }
 
-/// The variables that size the thread pools of BLAS, OpenMP and their kin (NumPy's OpenBLAS,
-/// MKL, BLIS, Accelerate, numexpr, numba), as joblib's process pools (loky) set them: a worker
-/// gets each one that the program's own environment does not set.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) const THREAD_VARS: [&str; 7] = [
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "NUMBA_NUM_THREADS",
-];
-
 /// Why a worker could not start.
 #[derive(Debug)]
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -201,6 +187,21 @@ impl std::fmt::Debug for WorkerPool {
 }
 
 impl WorkerPool {
+    /// The environment variables that size the thread pools of BLAS, OpenMP and their kin
+    /// (NumPy's OpenBLAS, MKL, BLIS, Accelerate, numexpr, numba). Each worker gets every one of
+    /// them that the program's own environment does not set, as joblib's process pools do: the
+    /// CPUs the program may use divided by the pool's size, at least 1. Without them, each
+    /// worker's OpenBLAS would start a thread per core, and N workers would run N per core.
+    pub const THREAD_VARS: [&'static str; 7] = [
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "NUMBA_NUM_THREADS",
+    ];
+
     /// A pool of at most `size` workers (at least one), none started yet.
     pub fn new(size: usize) -> WorkerPool {
         WorkerPool {

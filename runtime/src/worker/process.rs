@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::arena::Arena;
 use super::wire::{self, RecvError};
-use super::{Failure, Launch, Reply, Request, StartError, THREAD_VARS};
+use super::{Failure, Launch, Reply, Request, StartError, WorkerPool};
 
 /// The worker's main loop, sent to it at start.
 const WORKER_PY: &str = include_str!("worker.py");
@@ -74,7 +74,7 @@ impl From<RecvError> for Broken {
 impl Worker {
     /// Starts worker `id` and waits until it is ready (its interpreter and NumPy imported).
     /// `threads` sizes its BLAS and OpenMP thread pools where the program's environment does not
-    /// ([`THREAD_VARS`]).
+    /// ([`WorkerPool::THREAD_VARS`]).
     pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
         let failed = |what: &str, e: std::io::Error| {
             StartError::Failed(format!("{what} {}: {e}", launch.python.display()))
@@ -88,7 +88,7 @@ impl Worker {
             // Its own process group: Ctrl-C in a terminal is the program's to handle.
             .process_group(0);
         let threads = threads.to_string();
-        for var in THREAD_VARS {
+        for var in WorkerPool::THREAD_VARS {
             if std::env::var_os(var).is_none() {
                 cmd.env(var, &threads);
             }
