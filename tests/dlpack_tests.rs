@@ -803,7 +803,7 @@ fn dlpack_needs_no_numpy() {
     .unwrap();
     let (ok, out) = common::child_test(
         "dlpack_without_numpy_child",
-        &[("PYTHONPATH", dir.path().as_os_str())],
+        &[("PYTHONPATH", Some(dir.path().as_os_str()))],
     );
     assert!(ok, "{out}");
     assert!(out.contains("1 passed"), "{out}");

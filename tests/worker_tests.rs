@@ -468,12 +468,9 @@ fn eight_threads_through_two_workers_get_exact_results() {
 
 // --- the CPUs a worker's BLAS threads get ---
 
-/// What sizes BLAS and OpenMP thread pools, as pyop sets it in workers.
-const THREAD_VARS: [&str; 7] = WorkerPool::THREAD_VARS;
-
 /// Run by `workers_share_the_cpus_among_their_blas_threads`: one call in a pool of
-/// `PYOP_TEST_POOL` workers; prints each of `THREAD_VARS` as the worker's environment has it (-1
-/// when unset), then the number of threads the worker runs.
+/// `PYOP_TEST_POOL` workers; prints each of `WorkerPool::THREAD_VARS` as the worker's environment
+/// has it (-1 when unset), then the number of threads the worker runs.
 #[test]
 #[ignore = "a child process of workers_share_the_cpus_among_their_blas_threads, with the \
             environment that test gives it"]
@@ -483,8 +480,9 @@ fn blas_threads_child() {
         &WorkerPool::new(size),
         "threads",
         &format!(
-            "import os\ndef f(x):\n    vals = [int(os.environ.get(v, -1)) for v in {THREAD_VARS:?}]\n    \
-             return np.array(vals + [len(os.listdir('/proc/self/task'))], dtype=np.int64)"
+            "import os\ndef f(x):\n    vals = [int(os.environ.get(v, -1)) for v in {:?}]\n    \
+             return np.array(vals + [len(os.listdir('/proc/self/task'))], dtype=np.int64)",
+            WorkerPool::THREAD_VARS
         ),
         &[OutSpec::new(DType::I64)],
     );
@@ -496,26 +494,22 @@ fn blas_threads_child() {
     println!("THREADS {}", got.join(" "));
 }
 
-/// `blas_threads_child`'s line, run in a pool of `size` with none of `THREAD_VARS` set but `env`.
+/// `blas_threads_child`'s line, run in a pool of `size` with none of `WorkerPool::THREAD_VARS`
+/// set but `env`.
 fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", "blas_threads_child", "--nocapture"])
-        .env("PYOP_TEST_POOL", size.to_string());
-    for var in THREAD_VARS {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().copied());
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
+    let size = size.to_string();
+    let mut vars: Vec<(&str, Option<&std::ffi::OsStr>)> = WorkerPool::THREAD_VARS
+        .iter()
+        .map(|&var| (var, None))
+        .collect();
+    vars.push(("PYOP_TEST_POOL", Some(size.as_ref())));
+    vars.extend(env.iter().map(|&(k, v)| (k, Some(v.as_ref()))));
+    let (passed, text) = common::child_test("blas_threads_child", &vars);
+    assert!(passed, "{text}");
+    let line = text
         .lines()
         .find_map(|l| l.strip_prefix("THREADS "))
-        .unwrap_or_else(|| panic!("no THREADS line:\n{stdout}"));
+        .unwrap_or_else(|| panic!("no THREADS line:\n{text}"));
     line.split(' ').map(|v| v.parse().unwrap()).collect()
 }
 
@@ -527,7 +521,7 @@ fn workers_share_the_cpus_among_their_blas_threads() {
     let _s = serial();
     // What NumPy's OpenBLAS reads (its pthreads and OpenMP builds).
     assert_eq!(
-        THREAD_VARS[..2],
+        WorkerPool::THREAD_VARS[..2],
         ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
     );
     let cpus = std::thread::available_parallelism().unwrap().get();
@@ -536,7 +530,8 @@ fn workers_share_the_cpus_among_their_blas_threads() {
     assert_eq!(
         got[..7],
         [want; 7],
-        "{THREAD_VARS:?} in a pool of 2 on {cpus} CPUs"
+        "{:?} in a pool of 2 on {cpus} CPUs",
+        WorkerPool::THREAD_VARS
     );
     assert!(
         (1..=want).contains(&got[7]),
@@ -659,7 +654,7 @@ fn worker_start_child() {
 }
 
 fn start_child(env: &[(&str, &str)]) -> String {
-    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+    let env: Vec<_> = env.iter().map(|(k, v)| (*k, Some(v.as_ref()))).collect();
     let (passed, text) = common::child_test("worker_start_child", &env);
     assert!(passed, "{text}");
     text
@@ -1146,7 +1141,7 @@ fn import_hooks_of_the_environment_work_in_workers() {
     .unwrap();
     let (_, text) = common::child_test(
         "import_hook_child",
-        &[("PYOP_PYTHON_ENV", venv.as_os_str())],
+        &[("PYOP_PYTHON_ENV", Some(venv.as_os_str()))],
     );
     assert!(text.contains("worker: Ok([14.0])"), "{text}");
 }

@@ -114,15 +114,19 @@ pub fn rss_bytes() -> usize {
     pages * 4096
 }
 
-/// Runs the ignored test `name` of this test binary in a child process (with `env` added), for
-/// what must not share a process with the other tests; returns whether it passed, and its
-/// stdout and stderr together.
-pub fn child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> (bool, String) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", name, "--nocapture"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+/// Runs the ignored test `name` of this test binary in a child process, with `env` changed
+/// (`None` removes a variable), for what must not share a process with the other tests; returns
+/// whether it passed, and its stdout and stderr together.
+pub fn child_test(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> (bool, String) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", name, "--nocapture"]);
+    for &(key, value) in env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let out = cmd.output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
