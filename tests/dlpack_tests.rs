@@ -833,13 +833,18 @@ fn pyop_tensor_converts_what_has_a_dtype_and_fits_plain_numbers() {
     assert_eq!(y[0].to_vec1::<f64>().unwrap(), [1.5, -2.0]);
     assert_eq!(y[1].to_scalar::<f64>().unwrap(), 2.5);
     assert_eq!(y[2].to_vec1::<f64>().unwrap(), [3.0, 4.0]);
-    let e = tensor_op(
-        "unfit",
-        "def f(x):\n    return pyop.tensor([300], dtype='u8')",
-        &[OutSpec::new(DType::U8)],
-    )
-    .unwrap()
-    .call(&[Arg::from(&x)])
-    .unwrap_err();
-    assert!(e.to_string().contains("300"), "{e}");
+    // A subclass of int is a Python number too: fitted, not wrapped around.
+    for value in ["[300]", "Big(300)"] {
+        let e = tensor_op(
+            "unfit",
+            &format!(
+                "class Big(int):\n    pass\ndef f(x):\n    return pyop.tensor({value}, dtype='u8')"
+            ),
+            &[OutSpec::new(DType::U8)],
+        )
+        .unwrap()
+        .call(&[Arg::from(&x)])
+        .unwrap_err();
+        assert!(e.to_string().contains("300"), "{value}: {e}");
+    }
 }

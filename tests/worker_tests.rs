@@ -495,8 +495,8 @@ fn blas_threads_child() {
 }
 
 /// `blas_threads_child`'s line, run in a pool of `size` with none of `WorkerPool::THREAD_VARS`
-/// set but `env`.
-fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
+/// set but `env`: each variable's value in the worker, and the threads the worker runs.
+fn blas_threads(size: usize, env: &[(&str, &str)]) -> (Vec<i64>, i64) {
     let size = size.to_string();
     let mut vars: Vec<(&str, Option<&std::ffi::OsStr>)> = WorkerPool::THREAD_VARS
         .iter()
@@ -510,7 +510,9 @@ fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
         .lines()
         .find_map(|l| l.strip_prefix("THREADS "))
         .unwrap_or_else(|| panic!("no THREADS line:\n{text}"));
-    line.split(' ').map(|v| v.parse().unwrap()).collect()
+    let mut values: Vec<i64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
+    let threads = values.pop().unwrap();
+    (values, threads)
 }
 
 /// A worker's BLAS and OpenMP pools get the program's CPUs shared among the pool's workers, at
@@ -519,33 +521,31 @@ fn blas_threads(size: usize, env: &[(&str, &str)]) -> Vec<i64> {
 #[test]
 fn workers_share_the_cpus_among_their_blas_threads() {
     let _s = serial();
+    let vars = WorkerPool::THREAD_VARS;
     // What NumPy's OpenBLAS reads (its pthreads and OpenMP builds).
-    assert_eq!(
-        WorkerPool::THREAD_VARS[..2],
-        ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
-    );
+    assert!(vars.contains(&"OMP_NUM_THREADS") && vars.contains(&"OPENBLAS_NUM_THREADS"));
+    let every = |n: i64| vec![n; vars.len()];
     let cpus = std::thread::available_parallelism().unwrap().get();
     let want = (cpus / 2).max(1) as i64;
-    let got = blas_threads(2, &[]);
+    let (values, threads) = blas_threads(2, &[]);
     assert_eq!(
-        got[..7],
-        [want; 7],
-        "{:?} in a pool of 2 on {cpus} CPUs",
-        WorkerPool::THREAD_VARS
+        values,
+        every(want),
+        "{vars:?} in a pool of 2 on {cpus} CPUs"
     );
     assert!(
-        (1..=want).contains(&got[7]),
-        "the worker's main thread and at most {want} - 1 of OpenBLAS: {got:?}"
+        (1..=want).contains(&threads),
+        "the worker's main thread and at most {want} - 1 of OpenBLAS: {threads}"
     );
     // More workers than CPUs: one thread each, and OpenBLAS starts none of its own.
-    assert_eq!(blas_threads(2 * cpus, &[]), [1; 8]);
-    let got = blas_threads(2 * cpus, &[("OPENBLAS_NUM_THREADS", "2")]);
-    assert_eq!(
-        got[..7],
-        [1, 2, 1, 1, 1, 1, 1],
-        "the program's own setting is kept"
-    );
-    assert!((1..=2).contains(&got[7]), "{got:?}");
+    assert_eq!(blas_threads(2 * cpus, &[]), (every(1), 1));
+    let (values, threads) = blas_threads(2 * cpus, &[("OPENBLAS_NUM_THREADS", "2")]);
+    let kept: Vec<i64> = vars
+        .iter()
+        .map(|&v| if v == "OPENBLAS_NUM_THREADS" { 2 } else { 1 })
+        .collect();
+    assert_eq!(values, kept, "the program's own setting is kept");
+    assert!((1..=2).contains(&threads), "{threads}");
 }
 
 // --- a pool shared by declared ops ---

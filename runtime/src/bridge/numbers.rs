@@ -85,15 +85,43 @@ pub(crate) fn to_tensor(
     value: &Bound<'_, PyAny>,
     dtype: Option<DType>,
 ) -> std::result::Result<Tensor, ConversionError> {
+    convert(py, value, dtype, None)
+}
+
+/// As [`to_tensor`], but a value with a dtype of its own (a `pyop.Tensor`, a NumPy array or
+/// scalar, a DLPack producer) is converted to `dtype` rather than checked against it; Python
+/// numbers and lists are still fitted to it exactly (`pyop.tensor(obj, dtype=…)`).
+pub(crate) fn to_tensor_as(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: DType,
+) -> std::result::Result<Tensor, ConversionError> {
+    convert(py, value, None, Some(dtype))
+}
+
+/// A value with a dtype of its own must have `own` and is converted to `to`; Python numbers and
+/// lists are fitted to whichever is given.
+fn convert(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    own: Option<DType>,
+    to: Option<DType>,
+) -> std::result::Result<Tensor, ConversionError> {
+    let converted = |t: Tensor| match to {
+        Some(d) => t
+            .to_dtype(d)
+            .map_err(|e| ConversionError::Invalid(e.to_string())),
+        None => Ok(t),
+    };
     if let Ok(t) = value.cast::<PyTensor>() {
         let t = t.get().tensor().clone();
-        return match dtype {
+        return match own {
             Some(d) if d != t.dtype() => Err(ConversionError::Invalid(format!(
                 "expected dtype {}, got a pyop.Tensor of dtype {}",
                 d.as_str(),
                 t.dtype().as_str()
             ))),
-            _ => Ok(t),
+            _ => converted(t),
         };
     }
     // Exact Python numbers first (the common case); NumPy scalars before other numbers, since
@@ -102,8 +130,8 @@ pub(crate) fn to_tensor(
         || value.is_exact_instance_of::<PyInt>()
         || value.is_exact_instance_of::<PyBool>();
     if !exact_number {
-        if let Some(t) = from_numpy(py, value, dtype)? {
-            return Ok(t);
+        if let Some(t) = from_numpy(py, value, own)? {
+            return converted(t);
         }
     }
     if exact_number
@@ -114,7 +142,7 @@ pub(crate) fn to_tensor(
         let mut leaves = Vec::new();
         let mut dims = Vec::new();
         collect_nested(value, 0, &mut dims, &mut leaves)?;
-        let dtype = dtype.unwrap_or_else(|| infer_dtype(&leaves));
+        let dtype = own.or(to).unwrap_or_else(|| infer_dtype(&leaves));
         let mut buf = Buffer::new(dtype);
         for s in leaves {
             buf.push(s)?;
@@ -123,8 +151,8 @@ pub(crate) fn to_tensor(
             .into_tensor(&dims)
             .map_err(|e| ConversionError::Invalid(e.to_string()));
     }
-    if let Some(t) = from_dlpack(py, value, dtype)? {
-        return Ok(t);
+    if let Some(t) = from_dlpack(py, value, own)? {
+        return converted(t);
     }
     Err(ConversionError::NotTensorLike(describe_value(value)))
 }

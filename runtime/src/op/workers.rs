@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use candle_core::{DType, Tensor};
 use pyo3::prelude::*;
@@ -393,13 +393,15 @@ impl OpInner {
                 let Some((map, offset, _)) = region(reply, at).filter(|r| r.2 == len) else {
                     return Err(check.error(None, "a worker named memory outside its arena".into()));
                 };
-                // SAFETY: `offset..offset + len` lies inside a mapping `reply` keeps alive
-                // (`region`); the worker has finished writing it (it replied), and no view the
-                // body kept can reach it (the worker copied it into the result arena if one
-                // could).
-                let t = unsafe {
-                    crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(offset), dims.clone())
-                }?;
+                let (dtype, dims) = (*dtype, dims.clone());
+                let data = map.as_ptr() as usize + offset;
+                let t = crate::python::copy_detached(py, len, move || {
+                    // SAFETY: `offset..offset + len` lies inside a mapping `reply` keeps alive
+                    // (`region`); the worker has finished writing it (it replied), and no view
+                    // the body kept can reach it (the worker copied it into the result arena if
+                    // one could).
+                    unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
+                })?;
                 Ok(t.to_device(check.device)?)
             })
             .collect()
@@ -414,24 +416,7 @@ impl OpInner {
         let header = &answer.reply.header;
         let op = self.name.as_str();
         if header["s"] == "err" {
-            let exc = &header["exc"];
-            return Err(match exc["phase"].as_str() {
-                Some("load") => cannot_load(worker_exception(py, op, exc), &self.body_named()),
-                Some("result") => result_not_sent(op, exc),
-                // The worker's own machinery failed (it exits after saying so, and is replaced).
-                Some("worker") => Error::op_failure(
-                    op,
-                    ErrorKind::WorkerLost,
-                    format!(
-                        "worker {} failed in its own code ({}: {}) and exited; the next call \
-                         starts a new worker",
-                        answer.worker,
-                        exc["type"].as_str().unwrap_or("Exception"),
-                        exc["message"].as_str().unwrap_or_default()
-                    ),
-                ),
-                _ => worker_exception(py, op, exc),
-            });
+            return Err(self.worker_error(py, answer.worker, &header["exc"]));
         }
         reply_value(py, &answer.reply).map_err(|e| {
             Error::mismatch(
@@ -446,6 +431,30 @@ impl OpInner {
         })
     }
 
+    /// The error a worker's reply reports (`exc`), by the phase it failed in.
+    fn worker_error(&self, py: pyo3::Python<'_>, worker: u64, exc: &Value) -> Error {
+        let op = self.name.as_str();
+        match exc["phase"].as_str() {
+            Some("load") => cannot_load(
+                worker_exception(py, op, exc),
+                &format!("{} in a worker", self.body_named()),
+            ),
+            Some("result") => result_not_sent(op, exc),
+            // The worker's own machinery failed (it exits after saying so, and is replaced).
+            Some("worker") => Error::op_failure(
+                op,
+                ErrorKind::WorkerLost,
+                format!(
+                    "worker {worker} failed in its own code ({}: {}) and exited; the next call \
+                     starts a new worker",
+                    exc["type"].as_str().unwrap_or("Exception"),
+                    exc["message"].as_str().unwrap_or_default()
+                ),
+            ),
+            _ => worker_exception(py, op, exc),
+        }
+    }
+
     /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
     pub(crate) fn check_worker(&self, workers: &Workers, functions: &[&str]) -> Result<()> {
         let op = self.name.as_str();
@@ -453,20 +462,17 @@ impl OpInner {
         let (key, load) = workers.load(op, None);
         crate::python::without_gil(|| {
             let mut lease = self.lease(workers, launch)?;
+            let worker = lease.worker().id;
             let ping = json!({"op": "ping", "key": key, "fns": functions});
-            let deadline = Some(Instant::now() + LOAD_TIMEOUT);
-            match lease.worker().ask(Some((key, load)), ping, deadline) {
-                Ok(header) => Ok(header),
-                Err(f) => Err(lost_call(op, lease, f, None)),
+            match lease.worker().ask(Some((key, load)), ping, LOAD_TIMEOUT) {
+                Ok(header) => Ok((worker, header)),
+                Err(f) => Err(lost_call(op, lease, f, Some(LOAD_TIMEOUT))),
             }
         })
-        .and_then(|header| {
+        .and_then(|(worker, header)| {
             if header["s"] == "err" {
-                let err = with_gil(op, |py| Ok(worker_exception(py, op, &header["exc"])))?.0;
-                return Err(cannot_load(
-                    err,
-                    &format!("{} in a worker", self.body_named()),
-                ));
+                let exc = &header["exc"];
+                return Err(with_gil(op, |py| Ok(self.worker_error(py, worker, exc)))?.0);
             }
             let missing: Vec<&str> = header["missing"]
                 .as_array()

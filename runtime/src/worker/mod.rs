@@ -75,7 +75,8 @@ pub(crate) enum Failure {
 pub(crate) struct Reply {
     pub header: serde_json::Value,
     pub payload: Vec<u8>,
-    pub input: Arc<MmapRaw>,
+    /// `None` for a reply that names no shared memory (a failed load's).
+    pub input: Option<Arc<MmapRaw>>,
     pub result: Option<Arc<MmapRaw>>,
 }
 

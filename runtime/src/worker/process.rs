@@ -281,11 +281,10 @@ impl Worker {
         if let Some((key, load)) = &req.load {
             let failed = self.ensure_loaded(key, load)?;
             if let Some((header, payload)) = failed {
-                let input = self.input_arena(0).map_err(io)?;
                 return Ok(Reply {
                     header,
                     payload,
-                    input: Arc::clone(input.map()),
+                    input: None,
                     result: None,
                 });
             }
@@ -323,7 +322,7 @@ impl Worker {
             return Ok(Reply {
                 header,
                 payload,
-                input,
+                input: Some(input),
                 result,
             });
         }
@@ -373,12 +372,13 @@ impl Worker {
         }
     }
 
-    /// Sends a plain request and waits for its reply header (a `ping`), loading the body first.
+    /// Sends a plain request and waits up to `limit` for its reply header (a `ping`), loading
+    /// the body first (with the load's own limit).
     pub(crate) fn ask(
         &mut self,
         load: Option<(String, Arc<str>)>,
         request: serde_json::Value,
-        deadline: Option<Instant>,
+        limit: Duration,
     ) -> Result<serde_json::Value, Failure> {
         let run = |w: &mut Worker| -> Result<serde_json::Value, Broken> {
             let io = |e| Broken::Recv(RecvError::Io(e));
@@ -389,7 +389,7 @@ impl Worker {
             }
             let frame = w.next_frame(request);
             wire::send(&w.sock, &frame, &[]).map_err(io)?;
-            Ok(w.reply(deadline)?.0)
+            Ok(w.reply(Some(Instant::now() + limit))?.0)
         };
         let result = run(self);
         self.failure(result)

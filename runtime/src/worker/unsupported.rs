@@ -2,7 +2,6 @@
 //! and a start that always fails, saying why. Nothing else can run without a started worker.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::{Failure, Launch, Reply, Request, StartError};
 
@@ -29,7 +28,7 @@ impl Worker {
         &mut self,
         _load: Option<(String, Arc<str>)>,
         _request: serde_json::Value,
-        _deadline: Option<Instant>,
+        _limit: std::time::Duration,
     ) -> Result<serde_json::Value, Failure> {
         match self.never {}
     }

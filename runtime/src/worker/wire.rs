@@ -190,8 +190,9 @@ pub(crate) fn split_reply(frame: Vec<u8>) -> std::io::Result<(serde_json::Value,
     ) as usize;
     let header = frame.get(4..4 + hlen).ok_or_else(bad)?;
     let header: serde_json::Value = serde_json::from_slice(header).map_err(|_| bad())?;
-    let mut frame = frame;
-    let payload = frame.split_off(4 + hlen);
+    // The pickle moves to the front of the frame's own buffer: no second allocation.
+    let mut payload = frame;
+    payload.drain(..4 + hlen);
     Ok((header, payload))
 }
 

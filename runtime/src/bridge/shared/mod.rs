@@ -109,7 +109,7 @@ pub(crate) fn region<'r>(
     let field = |i: usize| at[i].as_u64().and_then(|v| usize::try_from(v).ok());
     let (offset, len) = (field(1)?, field(2)?);
     let map = match field(0)? {
-        0 => &reply.input,
+        0 => reply.input.as_ref()?,
         1 => reply.result.as_ref()?,
         _ => return None,
     };

@@ -4,12 +4,11 @@
 use candle_core::{DType, Device, Shape, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList};
 
 use super::device::current_device;
 use super::helpers::*;
 use super::PyTensor;
-use crate::bridge::numbers::to_tensor;
+use crate::bridge::numbers::{to_tensor, to_tensor_as};
 
 /// `pyop.tensor(obj, dtype=None)`: a tensor from a number, a (nested) list, a NumPy array or a
 /// tensor, on the running op's device.
@@ -32,16 +31,9 @@ pub(super) fn tensor(
         };
         return Ok(wrap(t));
     }
-    // Python numbers and lists are fitted to the requested dtype; values with a dtype of their own
-    // (NumPy arrays and scalars, DLPack producers) keep it, then convert (a requested dtype is a
-    // conversion here, not a check as for outputs).
-    let plain = obj.is_exact_instance_of::<PyFloat>()
-        || obj.is_exact_instance_of::<PyInt>()
-        || obj.is_exact_instance_of::<PyBool>()
-        || obj.is_instance_of::<PyList>();
+    // A requested dtype is a conversion here, not a check as for outputs.
     let t = match dtype {
-        Some(d) if plain => to_tensor(py, obj, Some(d))?,
-        Some(d) => to_tensor(py, obj, None)?.to_dtype(d).map_err(value_error)?,
+        Some(d) => to_tensor_as(py, obj, d)?,
         None => to_tensor(py, obj, None)?,
     };
     Ok(wrap(t.to_device(&current_device()).map_err(value_error)?))
