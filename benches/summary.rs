@@ -117,7 +117,19 @@ fn warming_up() -> bool {
     WARMING_UP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn report(case: &str, per_call: Duration) {
+/// Whether `case` runs: all do unless `CASES` (comma-separated parts of names) picks some.
+fn wanted(case: &str) -> bool {
+    std::env::var("CASES").map_or(true, |cases| {
+        cases.split(',').any(|part| case.contains(part.trim()))
+    })
+}
+
+/// Runs case `case` (if [`wanted`]) and prints its median time per call.
+fn report(case: &str, f: impl FnOnce() -> Duration) {
+    if !wanted(case) {
+        return;
+    }
+    let per_call = f();
     if warming_up() {
         return;
     }
@@ -137,6 +149,9 @@ fn minor_faults() -> i64 {
 
 /// [`report`], with the page faults per call taken while `f` ran (`n` calls per timed run).
 fn report_faults(case: &str, n: usize, f: impl FnOnce() -> Duration) {
+    if !wanted(case) {
+        return;
+    }
     let before = minor_faults();
     let per_call = f();
     let faults = (minor_faults() - before) as f64 / ((reps() + 1) * n) as f64;
@@ -347,6 +362,83 @@ fn worker_start() -> Duration {
     )
 }
 
+/// The floor of any embedding: the GIL taken, a Python identity function called (vectorcall) and
+/// the GIL released, with bare pyo3 on this thread, `n` calls a timed run, median of REPS runs.
+/// The thread must keep its Python thread state between calls (the main thread does, and so does
+/// any thread pyop has called Python from).
+fn floor_attach_call(n: usize) -> Duration {
+    let (ident, arg) = Python::attach(|py| {
+        let module =
+            PyModule::from_code(py, c"def ident(x):\n    return x", c"floor.py", c"floor").unwrap();
+        let ident: Py<PyAny> = module.getattr("ident").unwrap().unbind();
+        let arg: Py<PyAny> = 1.5f32.into_pyobject(py).unwrap().into_any().unbind();
+        (ident, arg)
+    });
+    let call = || {
+        Python::attach(|py| {
+            ident.bind(py).call1((arg.bind(py),)).unwrap();
+        })
+    };
+    (0..n).for_each(|_| call());
+    median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                (0..n).for_each(|_| call());
+                t.elapsed() / n as u32
+            })
+            .collect(),
+    )
+}
+
+/// The threads besides `main` that programs call ops from.
+#[derive(Clone, Copy)]
+enum Place {
+    /// A `std::thread::spawn`ed thread.
+    Spawned,
+    /// A thread of a rayon pool.
+    Rayon,
+    /// A thread of tokio's blocking pool (`spawn_blocking`).
+    Tokio,
+}
+
+impl Place {
+    const ALL: [Place; 3] = [Place::Spawned, Place::Rayon, Place::Tokio];
+
+    fn name(self) -> &'static str {
+        match self {
+            Place::Spawned => "spawned",
+            Place::Rayon => "rayon",
+            Place::Tokio => "tokio",
+        }
+    }
+
+    /// Runs `f` on a thread of this kind and returns what it returns.
+    fn run<R: Send + 'static>(self, f: impl FnOnce() -> R + Send + 'static) -> R {
+        static RAYON: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+        static TOKIO: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+        match self {
+            Place::Spawned => std::thread::spawn(f).join().unwrap(),
+            Place::Rayon => RAYON
+                .get_or_init(|| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(2)
+                        .build()
+                        .unwrap()
+                })
+                .install(f),
+            Place::Tokio => {
+                let rt = TOKIO.get_or_init(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap()
+                });
+                rt.block_on(rt.spawn_blocking(f)).unwrap()
+            }
+        }
+    }
+}
+
 fn main() {
     pyop::validate().expect("the benchmarked ops are declared right");
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag: keep
@@ -370,7 +462,9 @@ fn main() {
             WARMING_UP.store(round + 1 < rounds, std::sync::atomic::Ordering::Relaxed);
             let n = if quick { 5 } else { calls_for(size) };
             let x = Tensor::zeros(size, DType::F32, &device()).unwrap();
-            report(&format!("numpy_ident_{size}"), chained(n, &x, numpy_ident));
+            report(&format!("numpy_ident_{size}"), || {
+                chained(n, &x, numpy_ident)
+            });
             report_faults(&format!("numpy_plus1_{size}"), n, || {
                 chained(n, &x, numpy_plus1)
             });
@@ -393,14 +487,12 @@ fn main() {
                 }),
                 Err(e) => println!("case=dlpack_plus1_{size} skipped=\"{e}\""),
             }
-            report(
-                &format!("tensor_ident_{size}"),
-                chained(n, &x, tensor_ident),
-            );
-            report(
-                &format!("tensor_plus1_{size}"),
-                chained(n, &x, tensor_plus1),
-            );
+            report(&format!("tensor_ident_{size}"), || {
+                chained(n, &x, tensor_ident)
+            });
+            report(&format!("tensor_plus1_{size}"), || {
+                chained(n, &x, tensor_plus1)
+            });
             report_faults(&format!("python_plus1_{size}"), n, || python_plus1(size, n));
             if x.device().is_cpu() {
                 report_faults(&format!("memcpy_{size}"), n, || memcpy(n, &x));
@@ -411,45 +503,62 @@ fn main() {
                 });
             }
             // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
-            report(
-                &format!("candle_plus1_{size}"),
+            report(&format!("candle_plus1_{size}"), || {
                 chained(n, &x, |a| {
                     Ok(a.broadcast_add(&Tensor::new(1f32, a.device())?)?)
-                }),
-            );
+                })
+            });
+        }
+    }
+    // The scalar call from the threads programs call from, beside the main thread's (the
+    // `_1` cases above) and the floor of any embedding on each.
+    let n = if quick { 5 } else { calls_for(1) };
+    report("floor_attach_call_1", || floor_attach_call(n));
+    report("floor_attach_call_1_spawned", || {
+        Place::Spawned.run(move || {
+            // A thread pyop has called Python from keeps its thread state, as `main` does.
+            tensor_ident(&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap()).unwrap();
+            floor_attach_call(n)
+        })
+    });
+    type Ident = fn(&Tensor) -> pyop::Result<Tensor>;
+    for (mode, op) in [("tensor", tensor_ident as Ident), ("numpy", numpy_ident)] {
+        for place in Place::ALL {
+            report(&format!("{mode}_ident_1_{}", place.name()), || {
+                let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
+                place.run(move || chained(n, &x, op))
+            });
         }
     }
     let n = if quick { 5 } else { 2000 };
-    report("backward_pygrad", backward_pygrad(n));
-    report("pygrad_body", pygrad_body(n));
+    report("backward_pygrad", || backward_pygrad(n));
+    report("pygrad_body", || pygrad_body(n));
     let calls = if quick { 2 } else { 100 };
-    report("threads1_call", threads_call(1, calls));
-    report("threads2_call", threads_call(2, calls));
+    report("threads1_call", || threads_call(1, calls));
+    report("threads2_call", || threads_call(2, calls));
     // Python-bound bodies (~1 ms of Python loop) from 2 threads: in the program they take turns
     // on the GIL; in 2 workers they run side by side.
     let iters = if quick { 100 } else { pyloop_iters() };
     let calls = if quick { 2 } else { 100 };
-    report("worker_start", worker_start());
+    report("worker_start", worker_start);
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
     for (place, op) in [
         ("inprocess", pyloop_in_process as Pyloop),
         ("workers2", pyloop_workers),
     ] {
         for (threads, name) in [(1, "1thread"), (2, "2threads")] {
-            report(
-                &format!("pyloop_{place}_{name}"),
-                pyloop_threads(threads, calls, iters, op),
-            );
+            report(&format!("pyloop_{place}_{name}"), || {
+                pyloop_threads(threads, calls, iters, op)
+            });
         }
     }
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
-    report(
-        "matmul256_workers2_2threads",
+    report("matmul256_workers2_2threads", || {
         threaded(2, calls, || {
             matmul_workers(&x).unwrap();
-        }),
-    );
+        })
+    });
     let calls = if quick { 2 } else { 50 };
-    report("timeout_late_idle", timeout_latency(0, calls));
-    report("timeout_late_busy4", timeout_latency(4, calls));
+    report("timeout_late_idle", || timeout_latency(0, calls));
+    report("timeout_late_busy4", || timeout_latency(4, calls));
 }

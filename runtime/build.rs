@@ -4,6 +4,9 @@
 use std::process::Command;
 
 fn main() {
+    // `Py_3_13` and kin, as pyo3's own crates see them (`python::thread_state` asks whether the
+    // interpreter is finalizing by a function 3.13 renamed).
+    pyo3_build_config::use_pyo3_cfgs();
     let cfg = pyo3_build_config::get();
     let v = cfg.version();
     println!("cargo:rustc-env=PYOP_BUILT_PYTHON={}.{}", v.major, v.minor);

@@ -586,3 +586,211 @@ fn a_var_set_during_a_body_is_not_seen_by_it() {
         "a view of the Var, snapshotted too"
     );
 }
+
+// --- every thread keeps its Python thread state ---
+
+/// A body whose `threading.local` counts the calls its thread made: the count lives in the
+/// thread's Python thread state, so it goes on only while that thread state does.
+#[py_op(code = "import threading\nimport pyop\nseen = threading.local()\ndef calls_here(x):\n    seen.n = getattr(seen, 'n', 0) + 1\n    return pyop.tensor([seen.n], dtype='u32')", tout = u32)]
+fn calls_here(x: &Tensor) -> pyop::Result<Tensor>;
+
+fn calls_here_now() -> u32 {
+    calls_here(&scalar(0.0)).unwrap().to_vec1::<u32>().unwrap()[0]
+}
+
+/// The Python thread states of the interpreter (its thread list; this thread's own counts).
+fn python_thread_states() -> usize {
+    use pyop::interop::pyo3::{ffi, Python};
+    Python::attach(|_| {
+        let mut n = 0;
+        // SAFETY: the GIL is held, so the list does not change while it is walked.
+        unsafe {
+            let mut t = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
+            while !t.is_null() {
+                n += 1;
+                t = ffi::PyThreadState_Next(t);
+            }
+        }
+        n
+    })
+}
+
+/// A thread's later calls run in the Python thread state its first call made (a new one each
+/// call would start its `threading.local` afresh), on a spawned thread, a rayon pool thread and
+/// inside a body that calls Rust that calls another op.
+#[test]
+fn a_thread_keeps_its_python_thread_state_between_calls() {
+    // The thread that starts the interpreter keeps the thread state the start made: start it
+    // here, if no other test has.
+    calls_here_now();
+    let counts = within(60, "calls from a spawned thread", || {
+        (0..3).map(|_| calls_here_now()).collect::<Vec<_>>()
+    });
+    assert_eq!(counts, [1, 2, 3], "a spawned thread");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let first = pool.install(calls_here_now);
+    let later = pool.install(|| (0..2).map(|_| calls_here_now()).collect::<Vec<_>>());
+    assert_eq!((first, later), (1, vec![2, 3]), "a rayon pool thread");
+    expose("calls_here_nested", |_| {
+        Ok(Value::from(calls_here(&scalar(0.0))?))
+    })
+    .unwrap();
+    let nested = PyOp::builder("nested_calls_here")
+        .code("import pyop\ndef f(x):\n    return pyop.rust.calls_here_nested(x)")
+        .function("f")
+        .tout([OutSpec::new(DType::U32)])
+        .build()
+        .unwrap();
+    let counts = within(60, "nested calls", move || {
+        let nested_call = || {
+            nested.call(&[Arg::from(&scalar(0.0))]).unwrap()[0]
+                .to_vec1::<u32>()
+                .unwrap()[0]
+        };
+        [
+            calls_here_now(),
+            nested_call(),
+            nested_call(),
+            calls_here_now(),
+        ]
+    });
+    assert_eq!(counts, [1, 2, 3, 4], "nested on one thread");
+}
+
+#[test]
+#[ignore = "a child process of threads_that_end_free_their_thread_states"]
+fn short_lived_threads_child() {
+    let threads: usize = std::env::var("PYOP_TEST_THREADS").unwrap().parse().unwrap();
+    let one_call = || assert_eq!(calls_here_now(), 1);
+    // Warm-up: the interpreter, the op, the allocator's arenas for threads.
+    for _ in 0..200 {
+        std::thread::spawn(one_call).join().unwrap();
+    }
+    let (states, rss) = (python_thread_states(), common::rss_bytes());
+    let started = Instant::now();
+    for _ in 0..threads {
+        std::thread::spawn(one_call).join().unwrap();
+    }
+    let took = started.elapsed();
+    let (states_after, rss_after) = (python_thread_states(), common::rss_bytes());
+    println!(
+        "child: {threads} threads in {took:?}; thread states {states} -> {states_after}; RSS \
+         {} -> {} KiB",
+        rss / 1024,
+        rss_after / 1024
+    );
+    assert_eq!(states_after, states, "thread states left behind");
+    assert!(
+        rss_after < rss + (8 << 20),
+        "resident memory grew {} KiB over {threads} threads",
+        (rss_after - rss.min(rss_after)) / 1024
+    );
+    // A thread that panics between calls frees its thread state as it unwinds.
+    let panicked = std::thread::spawn(|| {
+        assert_eq!(calls_here_now(), 1);
+        panic!("between calls");
+    })
+    .join();
+    assert!(panicked.is_err());
+    assert_eq!(python_thread_states(), states, "after a thread panicked");
+    println!("child: ok");
+}
+
+/// 100,000 threads that each make one call and end leave the interpreter's thread list and
+/// resident memory as they were: each thread's kept thread state is freed when it ends (also
+/// when it panics).
+#[test]
+fn threads_that_end_free_their_thread_states() {
+    let (passed, text) = common::child_test(
+        "short_lived_threads_child",
+        &[("PYOP_TEST_THREADS", Some("100000".as_ref()))],
+    );
+    assert!(passed && text.contains("child: ok"), "{text}");
+}
+
+#[test]
+#[ignore = "a child process of the_program_ends_while_threads_hold_thread_states"]
+fn parked_threads_child() {
+    use std::sync::mpsc;
+    let (ready, parked) = mpsc::channel();
+    let mut keep_alive = Vec::new();
+    for i in 0..8 {
+        let ready = ready.clone();
+        let (_tx, rx) = mpsc::channel::<()>();
+        keep_alive.push(_tx);
+        std::thread::spawn(move || {
+            assert_eq!(calls_here_now(), 1);
+            ready.send(()).unwrap();
+            if i == 0 {
+                // One thread is inside a body when the program ends.
+                let op = PyOp::builder("sleeper")
+                    .code("import time\ndef sleeper(x):\n    time.sleep(60)\n    return x")
+                    .numpy()
+                    .tout([OutSpec::new(DType::F32)])
+                    .build()
+                    .unwrap();
+                let _ = op.call(&[Arg::from(&scalar(0.0))]);
+            }
+            // Parked between calls until the process ends.
+            let _ = rx.recv();
+        });
+    }
+    for _ in 0..8 {
+        parked.recv().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    std::mem::forget(keep_alive);
+    println!("child: ok");
+}
+
+/// A program whose `main` returns while 8 threads hold kept thread states (7 parked between
+/// calls, one inside a body sleeping in Python) ends at once and normally: no hang, no "Fatal
+/// Python error".
+#[test]
+fn the_program_ends_while_threads_hold_thread_states() {
+    let started = Instant::now();
+    let (passed, text) = common::child_test("parked_threads_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
+    assert!(!text.contains("Fatal Python error"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{text}");
+}
+
+#[test]
+#[ignore = "a child process of the_watchdog_interrupts_a_body_on_a_pool_thread"]
+fn watchdog_pool_child() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    // Each pool thread keeps its thread state, then runs a body past its limit while the other
+    // thread's body runs too: each interrupt reaches its own thread, and the next call on each
+    // thread finds no interrupt left over.
+    let results: Vec<_> = pool.broadcast(|_| {
+        let first = calls_here_now();
+        let started = Instant::now();
+        let err = spin(&scalar(1.0), true).unwrap_err();
+        let took = started.elapsed();
+        let after = spin(&scalar(2.0), false).unwrap().to_vec1::<f32>().unwrap();
+        (first, err.kind(), took, after, calls_here_now())
+    });
+    for (first, kind, took, after, later) in results {
+        assert_eq!((first, later), (1, 2), "the thread's thread state was kept");
+        assert_eq!(kind, ErrorKind::Timeout);
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(5), "interrupted late: {took:?}");
+        assert_eq!(after, [2.0]);
+    }
+    println!("child: ok");
+}
+
+/// The time-limit watchdog interrupts a body by its thread's id: on pool threads that keep their
+/// thread states, each interrupt reaches the body it is meant for, and none is left for the
+/// thread's next call.
+#[test]
+fn the_watchdog_interrupts_a_body_on_a_pool_thread() {
+    let (passed, text) = common::child_test("watchdog_pool_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
+}

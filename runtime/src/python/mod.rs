@@ -12,6 +12,7 @@ pub(crate) mod errors;
 pub(crate) mod exceptions;
 pub(crate) mod numpy;
 pub(crate) mod numpy_alloc;
+pub(crate) mod thread_state;
 pub(crate) mod timeout;
 
 use std::cell::Cell;
@@ -32,17 +33,20 @@ fn holds_gil() -> bool {
 
 /// Runs `f` with the GIL: every place pyop enters Python goes through here
 /// (`runtime/tests/layers.rs` checks), so how often a thread took the GIL is known
-/// ([`acquisitions`]; re-entering while it is held takes nothing).
+/// ([`acquisitions`]; re-entering while it is held takes nothing), and every thread keeps its
+/// Python thread state between calls (`thread_state`), so a call from any thread costs what it
+/// costs on the main thread.
 pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
     if !holds_gil() {
-        TAKEN.with(|t| t.set(t.get() + 1));
+        let _ = TAKEN.try_with(|t| t.set(t.get() + 1));
+        thread_state::keep();
     }
     Python::attach(f)
 }
 
 /// How many times this thread has taken the GIL through [`attach`] so far.
 pub(crate) fn acquisitions() -> u64 {
-    TAKEN.with(Cell::get)
+    TAKEN.try_with(Cell::get).unwrap_or(0)
 }
 
 /// Runs `f`, which must not need Python, with the GIL released if this thread holds it.

@@ -1,0 +1,125 @@
+//! One Python thread state per OS thread, kept from the thread's first call into Python until the
+//! thread ends.
+//!
+//! `Python::attach` is `PyGILState_Ensure`/`Release`. On a thread CPython has no thread state
+//! for, every `Ensure` creates one and the matching `Release` deletes it again: a thread state,
+//! its first frame's 16 KiB data-stack chunk (an `mmap` and a `munmap`) and its `threading.local`
+//! data, made and thrown away on every call, 7–10 µs each. The program's main thread never pays
+//! this, because the interpreter's start leaves it a thread state. Here every other thread gets
+//! the same: on its first call, an outer `PyGILState_Ensure` creates the thread state and
+//! `PyEval_SaveThread` lets the GIL go at once, so every later `Ensure` finds the thread state,
+//! only takes the GIL, and its `Release` only lets it go (the thread state's counter never falls
+//! back to zero). When the thread ends, its thread-local destructor takes the GIL and makes the
+//! matching `Release`, which clears and deletes the thread state.
+//!
+//! Why this is sound (CPython's `Python/pystate.c`, pyo3 0.30's `internal/state.rs`):
+//! - Only a thread state pyop made is kept: a thread that already has one (the main thread, a
+//!   `threading.Thread`, a caller's own `Python::attach` around a `detach`) is left as it is,
+//!   because its owner deletes it and a kept pointer would dangle.
+//! - The pointer lives in a `thread_local!`, so no other thread ever uses it; the GIL is taken
+//!   and released around each call exactly as before (`PyEval_SaveThread` right after the
+//!   creation), so it is held only while Python runs.
+//! - The destructor does nothing once the interpreter is finalizing or finalized (taking the GIL
+//!   then hangs or exits the thread, and finalization has freed the thread states), and nothing on
+//!   the process's main thread, whose thread-local destructors run inside `exit()`: waiting there
+//!   for the GIL another thread holds would stall the program's end for nothing.
+//! - pyo3's own attach counter is untouched: between calls this thread is detached, as pyo3
+//!   expects of a thread whose count is zero.
+
+use std::cell::Cell;
+use std::ptr;
+
+use pyo3::ffi;
+
+/// The thread state pyop made for this thread, or null.
+struct Kept(Cell<*mut ffi::PyThreadState>);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let tstate = self.0.replace(ptr::null_mut());
+        if tstate.is_null() || is_main_thread() || !interpreter_running() {
+            return;
+        }
+        // SAFETY: `tstate` is the thread state this thread's outer `PyGILState_Ensure` made and
+        // `PyEval_SaveThread` detached; the interpreter is running, so it was not freed.
+        // Restoring it takes the GIL; the `Release` matching that outer `Ensure` brings its
+        // counter to zero, which clears and deletes it and lets the GIL go.
+        unsafe {
+            ffi::PyEval_RestoreThread(tstate);
+            ffi::PyGILState_Release(ffi::PyGILState_STATE::PyGILState_UNLOCKED);
+        }
+    }
+}
+
+thread_local! {
+    static KEPT: Kept = const { Kept(Cell::new(ptr::null_mut())) };
+}
+
+/// Makes sure this thread, which does not hold the GIL, has a Python thread state that outlives
+/// the next `Python::attach`: starts the interpreter if needed, then, if CPython has no thread
+/// state for this thread, makes one and keeps it until the thread ends.
+pub(crate) fn keep() {
+    // A thread whose thread-local storage is being torn down (Python run by a destructor) keeps
+    // nothing: `Python::attach` makes and deletes a thread state for that call, as before.
+    let Ok(kept) = KEPT.try_with(|k| !k.0.get().is_null()) else {
+        return;
+    };
+    if kept {
+        return;
+    }
+    // SAFETY: Py_IsInitialized may be called at any time.
+    if unsafe { ffi::Py_IsInitialized() } == 0 {
+        pyo3::Python::initialize();
+    }
+    if !interpreter_running() {
+        return;
+    }
+    // SAFETY: the interpreter is initialized; this reads the calling thread's gilstate slot.
+    if !unsafe { ffi::PyGILState_GetThisThreadState() }.is_null() {
+        return;
+    }
+    // SAFETY: the interpreter is running and this thread has no thread state and does not hold
+    // the GIL: `Ensure` makes a thread state and takes the GIL, `SaveThread` lets the GIL go and
+    // returns that thread state, still bound to this thread.
+    let tstate = unsafe {
+        ffi::PyGILState_Ensure();
+        ffi::PyEval_SaveThread()
+    };
+    let _ = KEPT.try_with(|k| k.0.set(tstate));
+}
+
+/// Whether the interpreter is initialized and not finalizing.
+fn interpreter_running() -> bool {
+    #[cfg(not(Py_3_13))]
+    extern "C" {
+        fn _Py_IsFinalizing() -> std::ffi::c_int;
+    }
+    // SAFETY: both only read the runtime's state and may be called at any time.
+    unsafe {
+        ffi::Py_IsInitialized() != 0 && {
+            #[cfg(Py_3_13)]
+            let finalizing = ffi::Py_IsFinalizing();
+            #[cfg(not(Py_3_13))]
+            let finalizing = _Py_IsFinalizing();
+            finalizing == 0
+        }
+    }
+}
+
+/// Whether this is the process's main thread (whose thread-local destructors run inside `exit`).
+fn is_main_thread() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: both only return the caller's ids.
+        unsafe { libc::gettid() == libc::getpid() }
+    }
+    #[cfg(target_os = "macos")]
+    {
+        // SAFETY: only reads the caller's identity.
+        unsafe { libc::pthread_main_np() != 0 }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    {
+        false
+    }
+}
