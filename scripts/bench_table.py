@@ -49,6 +49,36 @@ for k in ("backward_pygrad", "pygrad_body", "threads1_call", "threads2_call"):
 if "threads1_call" in pyop and "threads2_call" in pyop:
     print(f"- 2-thread speed-up: {pyop['threads1_call'] / pyop['threads2_call']:.2f}×")
 
+# The scalar call from the threads programs call from, against the floor of any embedding (bare
+# pyo3: take the GIL, vectorcall a Python identity function, release it) in the same run.
+floor = pyop.get("floor_attach_call_1")
+if floor:
+    print()
+    print("| called from | floor (bare pyo3) | pyop tensor `ident` | ÷ floor | pyop numpy `ident` | ÷ floor |")
+    print("|---|---|---|---|---|---|")
+    places = [("main thread", ""), ("spawned thread", "_spawned"), ("rayon pool thread", "_rayon"),
+              ("tokio blocking-pool thread", "_tokio")]
+    worst = {"tensor": 0.0, "numpy": 0.0}
+    for label, suffix in places:
+        f = pyop.get(f"floor_attach_call_1{suffix}")
+        cells = [fmt(f) if f else "—"]
+        for mode in ("tensor", "numpy"):
+            t = pyop.get(f"{mode}_ident_1{suffix}")
+            if t is None:
+                cells += ["—", "—"]
+                continue
+            worst[mode] = max(worst[mode], t / floor)
+            cells += [fmt(t), f"{t / floor:.1f}×"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+    ok = lambda c: "met" if c else "**missed**"
+    print(f"- tensor mode ≤ 2.0× the floor from every thread: worst {worst['tensor']:.1f}× "
+          f"({ok(worst['tensor'] <= 2.0)}); numpy mode ≤ 2.5×: worst {worst['numpy']:.1f}× "
+          f"({ok(worst['numpy'] <= 2.5)})")
+    spawned, main = pyop.get("tensor_ident_1_spawned"), pyop.get("tensor_ident_1")
+    if spawned and main:
+        print(f"- a spawned thread's call costs {spawned / main:.2f}× the main thread's (tensor mode)")
+
 # Outputs at memory speed: the `out` path, a returned array (adopted without a copy), the copy
 # path proper (the body kept a reference) and its slower forms, against the plain NumPy body, a
 # bare copy into the same kind of memory, and TF.

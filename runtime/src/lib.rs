@@ -53,6 +53,7 @@ pub use worker::{PoolStats, WorkerPool};
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::bridge::outputs::Outputs;
     pub use crate::python::env::BuildEnv;
     pub use crate::registry::decl::OpDeclParts;
     pub use crate::registry::Registration;
@@ -70,15 +71,15 @@ pub mod __private {
 
     /// Turns an op's output list into the declared return type.
     pub trait FromOutputs: Sized {
-        fn from_outputs(outputs: Vec<Tensor>) -> Self;
+        fn from_outputs(outputs: Outputs) -> Self;
     }
 
     impl FromOutputs for () {
-        fn from_outputs(_: Vec<Tensor>) -> Self {}
+        fn from_outputs(_: Outputs) -> Self {}
     }
 
     impl FromOutputs for Tensor {
-        fn from_outputs(outputs: Vec<Tensor>) -> Self {
+        fn from_outputs(outputs: Outputs) -> Self {
             outputs
                 .into_iter()
                 .next()
@@ -89,7 +90,7 @@ pub mod __private {
     macro_rules! tuple_outputs {
         ($($t:ident)+) => {
             impl FromOutputs for ($($t,)+) {
-                fn from_outputs(outputs: Vec<Tensor>) -> Self {
+                fn from_outputs(outputs: Outputs) -> Self {
                     let mut it = outputs.into_iter();
                     ($({ let x: $t = it.next().expect("the executor checked the output count"); x },)+)
                 }

@@ -1,7 +1,8 @@
-//! The Python positional arguments of a call.
+//! The Python positional arguments of a call, and the call itself (vectorcall: no tuple made).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyList, PyString, PyTuple};
+use smallvec::SmallVec;
 
 use super::prepare::{Passing, Prepared};
 use super::view::numpy_view;
@@ -15,6 +16,9 @@ pub(crate) enum Lists {
     AsTuples,
 }
 
+/// A call's Python positional arguments, held on the stack for the usual few.
+pub(crate) type PyArgs<'py> = SmallVec<[Bound<'py, PyAny>; 4]>;
+
 /// The Python positional arguments of a call: every argument in declaration order.
 pub(crate) fn python_args<'py>(
     py: Python<'py>,
@@ -22,7 +26,7 @@ pub(crate) fn python_args<'py>(
     args: &[Arg<'_>],
     prepared: &[Prepared],
     lists: Lists,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<PyArgs<'py>> {
     let mut next = prepared.iter();
     let mut tensor = |py: Python<'py>| -> PyResult<Bound<'py, PyAny>> {
         let p = next.next().expect("one prepared input per tensor");
@@ -33,7 +37,7 @@ pub(crate) fn python_args<'py>(
             }
         }
     };
-    let mut items = Vec::with_capacity(args.len());
+    let mut items = PyArgs::with_capacity(args.len());
     for arg in args {
         items.push(match arg {
             Arg::Tensor(_) => tensor(py)?,
@@ -59,5 +63,57 @@ pub(crate) fn python_args<'py>(
             Arg::None => py.None().into_bound(py),
         });
     }
-    PyTuple::new(py, items)
+    Ok(items)
+}
+
+/// [`python_args`] as one tuple (a gradient's `inputs`, `outputs` and `grads`).
+pub(crate) fn python_tuple<'py>(
+    py: Python<'py>,
+    passing: Passing,
+    args: &[Arg<'_>],
+    prepared: &[Prepared],
+) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        python_args(py, passing, args, prepared, Lists::AsTuples)?,
+    )
+}
+
+/// Calls `callable(*args, out=out)` (without `out` when it is `None`) by vectorcall, so that no
+/// argument tuple or keyword dict is made, and lets go of the arguments as soon as it returns.
+pub(crate) fn call<'py>(
+    callable: &Bound<'py, PyAny>,
+    args: PyArgs<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = callable.py();
+    // A free slot before the arguments lets CPython call a bound method without a copy
+    // (`PY_VECTORCALL_ARGUMENTS_OFFSET`).
+    let mut ptrs: SmallVec<[*mut pyo3::ffi::PyObject; 6]> = SmallVec::new();
+    ptrs.push(std::ptr::null_mut());
+    ptrs.extend(args.iter().map(Bound::as_ptr));
+    static OUT: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    let kwnames = match out {
+        Some(out) => {
+            ptrs.push(out.as_ptr());
+            Some(OUT.get_or_try_init(py, || PyTuple::new(py, ["out"]).map(Bound::unbind))?)
+        }
+        None => None,
+    };
+    let positional = args.len();
+    // SAFETY: the GIL is held; `ptrs[1..]` are `positional` borrowed positional arguments
+    // followed by one keyword value when `kwnames` (a tuple of that one name) is given, all kept
+    // alive by `args`, `out` and `kwnames` for the length of the call; slot 0 is scratch space
+    // CPython may write to, as the offset flag allows.
+    let result = unsafe {
+        pyo3::ffi::PyObject_Vectorcall(
+            callable.as_ptr(),
+            ptrs.as_ptr().add(1),
+            positional | pyo3::ffi::PY_VECTORCALL_ARGUMENTS_OFFSET,
+            kwnames.map_or(std::ptr::null_mut(), |k| k.as_ptr()),
+        )
+    };
+    drop(args);
+    // SAFETY: the GIL is held; vectorcall returns a new reference or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, result) }
 }

@@ -86,7 +86,7 @@ impl OutBuffers<'_> {
         self,
         check: &OutputCheck<'_>,
         returned: Bound<'_, PyAny>,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<super::outputs::Outputs> {
         if !(returned.is_none() || returned.is(&self.arg)) {
             return Err(returned_instead_of_out(check, &returned));
         }

@@ -11,6 +11,10 @@ use crate::spec::OutSpec;
 
 use super::numbers::{describe_value, to_tensor, ConversionError};
 
+/// A call's output tensors, held inline for the usual one or two (`PyOp::call` hands out a `Vec`;
+/// the functions `#[py_op]` writes take them from here without one).
+pub type Outputs = smallvec::SmallVec<[Tensor; 2]>;
+
 /// What a checked value is: one of a body's outputs, or one of a gradient function's results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -76,11 +80,11 @@ pub(crate) fn outputs_from_python(
     py: Python<'_>,
     check: &OutputCheck<'_>,
     result: Bound<'_, PyAny>,
-) -> Result<Vec<Tensor>> {
+) -> Result<Outputs> {
     let m = check.tout.len();
     if m == 0 {
         if result.is_none() {
-            return Ok(Vec::new());
+            return Ok(Outputs::new());
         }
         return Err(check.error(
             None,
@@ -89,6 +93,11 @@ pub(crate) fn outputs_from_python(
                 describe_value(&result)
             ),
         ));
+    }
+    if m == 1 && !result.is_instance_of::<PyTuple>() {
+        // The usual case, one value for one output: converted as it is.
+        let one = value_to_tensor(py, check, 0, &check.tout[0], &result)?;
+        return Ok(smallvec::smallvec![one]);
     }
     let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = result.cast::<PyTuple>() {
         if m == 1 && t.len() != 1 {
@@ -102,7 +111,7 @@ pub(crate) fn outputs_from_python(
             ));
         }
         t.iter().collect()
-    } else if m >= 2 {
+    } else {
         match result.cast::<PyList>() {
             Ok(l) => l.iter().collect(),
             Err(_) => {
@@ -116,8 +125,6 @@ pub(crate) fn outputs_from_python(
                 ))
             }
         }
-    } else {
-        vec![result.clone()]
     };
     drop(result); // the items are now referenced by `items` (and whatever the body kept)
     if items.len() != m {
@@ -173,6 +180,9 @@ pub(crate) fn value_to_tensor(
                 tensor.dims()
             ),
         ));
+    }
+    if tensor.device().same_device(check.device) {
+        return Ok(tensor);
     }
     Ok(tensor.to_device(check.device)?)
 }

@@ -50,13 +50,16 @@ pub(crate) struct Prepared {
     pub data: usize,
 }
 
+/// A call's prepared inputs, held inline for the usual few.
+pub(crate) type PreparedInputs = smallvec::SmallVec<[Prepared; 4]>;
+
 /// Prepares every tensor of `args`, in order. Runs without the GIL: it may copy and lock.
 pub(crate) fn prepare_inputs(
     op: &str,
     passing: Passing,
     args: &[Arg<'_>],
-) -> Result<Vec<Prepared>> {
-    let mut out = Vec::new();
+) -> Result<PreparedInputs> {
+    let mut out = PreparedInputs::new();
     let mut err = None;
     let mut index = 0;
     for arg in args {

@@ -40,8 +40,9 @@ pub(crate) fn numpy_array<'py>(
     let t = &p.tensor;
     let descr = numpy_dtype(py, t.dtype()).expect("checked in prepare");
     let size = t.dtype().size_in_bytes() as isize;
-    let dims: Vec<npy_intp> = t.dims().iter().map(|&d| d as npy_intp).collect();
-    let strides: Vec<npy_intp> = t.stride().iter().map(|&s| s as isize * size).collect();
+    let dims: smallvec::SmallVec<[npy_intp; 6]> = t.dims().iter().map(|&d| d as npy_intp).collect();
+    let strides: smallvec::SmallVec<[npy_intp; 6]> =
+        t.stride().iter().map(|&s| s as isize * size).collect();
     let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data, writable))?;
     let flags = if writable {
         npyffi::NPY_ARRAY_WRITEABLE

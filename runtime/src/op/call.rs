@@ -5,15 +5,14 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use super::autograd;
 use super::workers::{out_shapes, Group, WireInputs, WorkerCall, Workers};
 use super::{CallOptions, OpInner, PyOp};
 use crate::arg::Arg;
-use crate::bridge::args::{python_args, Lists};
+use crate::bridge::args::{call, python_args, Lists};
 use crate::bridge::out::out_buffers;
-use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Role};
+use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Outputs, Role};
 use crate::bridge::prepare::{Passing, Prepared};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
@@ -44,6 +43,15 @@ impl PyOp {
 
     /// Calls the op with per-call options.
     pub fn call_with(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
+        self.call_outputs(args, options).map(Outputs::into_vec)
+    }
+
+    /// [`call_with`](Self::call_with), the outputs held inline (what `#[py_op]` functions use).
+    pub(crate) fn call_outputs(
+        &self,
+        args: &[Arg<'_>],
+        options: &CallOptions<'_>,
+    ) -> Result<Outputs> {
         let taken = crate::python::acquisitions();
         let result = self.call_counted(args, options);
         let taken = crate::python::acquisitions() - taken;
@@ -51,8 +59,8 @@ impl PyOp {
         result
     }
 
-    /// The call itself; `call_with` counts the GIL acquisitions it makes.
-    fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Vec<Tensor>> {
+    /// The call itself; `call_outputs` counts the GIL acquisitions it makes.
+    fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Outputs> {
         let op = &*self.inner;
         let device = op.failed_before_python(output_device(op, args, options.device))?;
         let span = tracing::trace_span!(
@@ -83,7 +91,9 @@ impl PyOp {
             })?,
         };
         if needs_node {
-            autograd::attach(&self.inner, args, prepared, outputs).map_err(|e| e.in_op(&op.name))
+            autograd::attach(&self.inner, args, prepared, outputs.into_vec())
+                .map(Outputs::from_vec)
+                .map_err(|e| e.in_op(&op.name))
         } else {
             Ok(outputs)
         }
@@ -136,7 +146,7 @@ impl OpInner {
         device: &Device,
         timeout: Option<Duration>,
         span: &tracing::Span,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<Outputs> {
         let op = self;
         let tout = op.failed_before_python(op.resolved_tout(args))?;
         // Hot reload may have given the body a new source, and an `out` parameter or taken it
@@ -184,7 +194,7 @@ impl OpInner {
         prepared: &[Prepared],
         device: &Device,
         timeout: Option<Duration>,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<Outputs> {
         let op = self;
         let passing = op.passing();
         if passing == Passing::Views {
@@ -213,13 +223,9 @@ impl OpInner {
         };
         if let Some(shapes) = shapes {
             let out = out_buffers(py, tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
-            let kwargs = PyDict::new(py);
-            kwargs
-                .set_item(pyo3::intern!(py, "out"), &out.arg)
-                .map_err(|e| python_error(py, &op.name, e))?;
-            let returned =
-                run_limited(py, &op.name, timeout, || body.call(py_args, Some(&kwargs)))?;
-            drop(kwargs);
+            let returned = run_limited(py, &op.name, timeout, || {
+                call(&body, py_args, Some(&out.arg))
+            })?;
             return out.finish(&check, returned);
         }
         // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
@@ -229,7 +235,7 @@ impl OpInner {
             let align = tout.first().map_or(16, |o| o.dtype.size_in_bytes());
             crate::python::numpy_alloc::enter(py, align)
         });
-        let returned = run_limited(py, &op.name, timeout, || body.call1(py_args))?;
+        let returned = run_limited(py, &op.name, timeout, || call(&body, py_args, None))?;
         outputs_from_python(py, &check, returned)
     }
 }

@@ -27,9 +27,9 @@ impl OpInner {
         })
         .map_err(|e| e.in_op(&self.name));
         match result {
-            Ok((r, waited)) => {
-                self.counters
-                    .record(true, started.elapsed().saturating_sub(waited), waited);
+            Ok((r, taken)) => {
+                let waited = taken.saturating_duration_since(started);
+                self.counters.record(true, taken.elapsed(), waited);
                 Ok(r)
             }
             Err(e) => {

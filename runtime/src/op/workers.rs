@@ -371,7 +371,7 @@ impl OpInner {
         answer: &Answer,
         check: &OutputCheck<'_>,
         outs: Option<&[(DType, Vec<usize>)]>,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<crate::bridge::outputs::Outputs> {
         let reply = &answer.reply;
         let Some(outs) = outs.filter(|_| reply.header["out"] == true) else {
             let value = self.worker_value(py, answer)?;

@@ -4,10 +4,11 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
 use crate::arg::Arg;
 use crate::body::source::Source;
+use crate::bridge::outputs::Outputs;
 use crate::error::{Error, Result};
 use crate::op::gradient::RustGradient;
 use crate::op::{builder::OpBuilder, CallOptions, PyOp};
@@ -275,12 +276,12 @@ impl StaticOp {
     /// Calls the op; `device` is the declaration's `&Device` parameter, if any. What the
     /// function `#[py_op]` writes calls; not a public API.
     #[doc(hidden)]
-    pub fn __call(&self, args: &[Arg<'_>], device: Option<&Device>) -> Result<Vec<Tensor>> {
+    pub fn __call(&self, args: &[Arg<'_>], device: Option<&Device>) -> Result<Outputs> {
         let options = CallOptions {
             device,
             timeout: None,
         };
-        self.get()?.call_with(args, &options)
+        self.get()?.call_outputs(args, &options)
     }
 
     /// The declaration.

@@ -9,9 +9,9 @@ use pyo3::types::{PyList, PyTuple};
 
 use super::node::{Node, SavedArg};
 use crate::arg::Arg;
-use crate::bridge::args::{python_args, Lists};
+use crate::bridge::args::python_tuple;
 use crate::bridge::outputs::{OutputCheck, Role};
-use crate::bridge::prepare::Prepared;
+use crate::bridge::prepare::{Prepared, PreparedInputs};
 use crate::error::{panic_message, Error, ErrorKind, Result};
 use crate::op::gradient::{GradientCall, RustGradient};
 use crate::op::workers::{Group, WireInputs, WorkerCall};
@@ -133,7 +133,7 @@ impl Node {
         let mut out_prepared = crate::python::without_gil(|| {
             crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), &both)
         })?;
-        let grad_prepared = out_prepared.split_off(self.outputs.len());
+        let grad_prepared: PreparedInputs = out_prepared.drain(self.outputs.len()..).collect();
         let lists = self.tensor_lists();
         let args = self.args_with_lists(&lists);
         let device = self
@@ -175,8 +175,7 @@ impl Node {
         }
         op.run_python(&device, |py| {
             let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
-                python_args(py, op.passing(), a, p, Lists::AsTuples)
-                    .map_err(|e| python_error(py, &op.name, e))
+                python_tuple(py, op.passing(), a, p).map_err(|e| python_error(py, &op.name, e))
             };
             let inputs = tuples(&args, &self.prepared)?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();

@@ -25,7 +25,7 @@ use candle_core::{DType, Tensor};
 
 use super::{OpInner, PyOp};
 use crate::arg::Arg;
-use crate::bridge::prepare::Prepared;
+use crate::bridge::prepare::{Prepared, PreparedInputs};
 use crate::error::Result;
 use node::{Node, SavedArg};
 use pack::{cpu_storage, pack, unpack, Slot};
@@ -45,7 +45,7 @@ pub(crate) fn any_tracked(args: &[Arg<'_>]) -> bool {
 
 /// The prepared inputs, detached: the body's own ops must not enter the graph when a registered
 /// gradient (or numpy mode) stands for them.
-pub(crate) fn detach_prepared(prepared: Vec<Prepared>) -> Vec<Prepared> {
+pub(crate) fn detach_prepared(prepared: PreparedInputs) -> PreparedInputs {
     prepared.into_iter().map(Prepared::detached).collect()
 }
 
@@ -53,7 +53,7 @@ pub(crate) fn detach_prepared(prepared: Vec<Prepared>) -> Vec<Prepared> {
 pub(crate) fn attach(
     op: &Arc<OpInner>,
     args: &[Arg<'_>],
-    prepared: Vec<Prepared>,
+    prepared: PreparedInputs,
     outputs: Vec<Tensor>,
 ) -> Result<Vec<Tensor>> {
     let mut originals = Vec::new();

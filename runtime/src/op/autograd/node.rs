@@ -5,7 +5,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use super::pack::{unpack, Slot};
 use crate::arg::Arg;
-use crate::bridge::prepare::Prepared;
+use crate::bridge::prepare::PreparedInputs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::op::gradient::Gradient;
 use crate::op::PyOp;
@@ -13,7 +13,7 @@ use crate::op::PyOp;
 pub(super) struct Node {
     pub(super) op: PyOp,
     pub(super) values: Vec<SavedArg>,
-    pub(super) prepared: Vec<Prepared>,
+    pub(super) prepared: PreparedInputs,
     pub(super) outputs: Vec<Tensor>,
     pub(super) tracked_in: Vec<usize>,
     pub(super) float_out: Vec<usize>,
