@@ -260,6 +260,85 @@ fn f5_allocations() {
     }
 }
 
+// --- Second audit, finding 5: copies of a huge broadcast tensor abort nothing ---
+
+/// What a body can do with `B`, a 2^40-element broadcast of one element (4 bytes of storage):
+/// every expression that would copy it to its full size is a `MemoryError`, never an abort.
+const BROADCAST_COPIES: &[&str] = &[
+    "B.numpy()",
+    "np.asarray(B)",
+    "np.array(B)",
+    "B.tolist()",
+    "pyop.cat([B, B])",
+    "pyop.stack([B, B])",
+    "x[pyop.tensor([0]).broadcast_to(2**40)]",
+    "B.contiguous()",
+    "B + 1",
+    "B.sum()",
+    "B.sum(0)",
+    "B.mean()",
+    "B.max()",
+    "B.argmax()",
+    "B.to_dtype('f64')",
+    "B.reshape(2**40)",
+    "B.flatten()",
+    "B.exp()",
+    "B == 1",
+    "B.clamp(0, 1)",
+    "B.maximum(B)",
+    "pyop.where(U, B, B)",
+    "pyop.zeros_like(B)",
+    "pyop.tensor(B, dtype='f64')",
+    "I.sum()",
+    "I * 2",
+    "I.tolist()",
+    "pyop.tensor(np.broadcast_to(np.float32(1), 2**40))",
+    "pyop.tensor(np.broadcast_to(np.float32(1), 2**40), dtype='f64')",
+    "pyop.tensor(np.broadcast_to(np.int16(1), 2**40), dtype='f64')",
+];
+
+/// And what stays a view of its 4 bytes, so succeeds.
+const BROADCAST_VIEWS: &[&str] = &[
+    "assert np.from_dlpack(B).strides == (0,)",
+    "assert B.narrow(0, 5, 2**39).numel() == 2**39",
+    "assert B[3:].shape == (2**40 - 3,)",
+];
+
+fn a5_broadcast_copies() {
+    let x = t(&[1.]);
+    let cases = BROADCAST_COPIES
+        .iter()
+        .map(|e| (e, false))
+        .chain(BROADCAST_VIEWS.iter().map(|e| (e, true)));
+    for (i, (expr, view)) in cases.enumerate() {
+        println!("trying {expr}");
+        let code = format!(
+            "import numpy as np\nimport pyop\ndef f(x):\n    B = pyop.ones(1).broadcast_to(2**40)\n    \
+             I = pyop.tensor([1]).broadcast_to(2**40)\n    \
+             U = pyop.ones(1, dtype='u8').broadcast_to(2**40)\n    {expr}\n    return x"
+        );
+        let op = PyOp::builder(format!("copy{i}"))
+            .code(code)
+            .function("f")
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        if view {
+            op.call(&[Arg::from(&x)]).unwrap();
+            continue;
+        }
+        let err = op.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{expr}: {err}");
+        assert!(err.to_string().contains("MemoryError"), "{expr}: {err}");
+    }
+    // A numpy-mode body returning a huge broadcast array: its copy into candle is refused.
+    let op = numpy_op(
+        "big_output",
+        "import numpy as np\ndef big_output(x):\n    return np.broadcast_to(np.float32(1), 2**40)",
+    );
+    expect_err(&op, &x, ErrorKind::ResourceExhausted, "MemoryError");
+}
+
 // --- F6, F7: a panic under a timed call is an error, and leaves no armed watchdog ---
 
 #[pyo3::pyfunction]
@@ -615,6 +694,7 @@ const SCENARIOS: &[(&str, fn())] = &[
     ("f14_outputs_and_gradients", f14_outputs_and_gradients),
     ("f13_pythonhome", f13_pythonhome),
     ("f16_errors", f16_errors),
+    ("a5_broadcast_copies", a5_broadcast_copies),
 ];
 
 fn main() {

@@ -35,6 +35,35 @@ unsafe impl Pod for f32 {}
 // SAFETY: as above.
 unsafe impl Pod for f64 {}
 
+/// Why a tensor of some size may not be made: the one check of every size a body controls, made
+/// before candle, NumPy or pyop allocates (a failed allocation aborts the process).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// More bytes than any allocation can have (the element count or the byte count overflows,
+    /// or passes `isize::MAX`): a `ValueError`.
+    TooLarge,
+    /// More memory than the system will give now: a `MemoryError`, with NumPy's wording.
+    NoMemory(String),
+}
+
+/// Below this, an allocation is not checked first (it cannot abort for size alone).
+const CHECK_FROM: usize = 64 << 20;
+
+/// Whether `elems` elements (`None`: a count that overflowed) of `dtype` can be allocated now.
+pub(crate) fn check(elems: Option<usize>, dtype: candle_core::DType) -> Result<(), Refusal> {
+    let bytes = elems.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+    let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
+        return Err(Refusal::TooLarge);
+    };
+    if bytes >= CHECK_FROM && Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
+        return Err(Refusal::NoMemory(format!(
+            "Unable to allocate {:.2} GiB",
+            bytes as f64 / (1u64 << 30) as f64
+        )));
+    }
+    Ok(())
+}
+
 /// Why a buffer could not be made: the message of a `MemoryError`.
 pub(crate) fn no_memory(n: usize, size: usize) -> String {
     format!(

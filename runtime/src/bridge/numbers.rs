@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 
@@ -47,6 +47,19 @@ pub(crate) enum ConversionError {
     /// Tensor-like, but not of the dtype wanted, or a number that does not fit it, or a ragged
     /// list.
     Invalid(String),
+    /// Tensor-like, but larger than the memory the system will give (`alloc::check`).
+    NoMemory(String),
+}
+
+impl From<crate::alloc::Refusal> for ConversionError {
+    fn from(refusal: crate::alloc::Refusal) -> Self {
+        match refusal {
+            crate::alloc::Refusal::TooLarge => {
+                ConversionError::Invalid("too many elements for any tensor".to_owned())
+            }
+            crate::alloc::Refusal::NoMemory(msg) => ConversionError::NoMemory(msg),
+        }
+    }
 }
 
 impl From<String> for ConversionError {
@@ -59,7 +72,7 @@ impl std::fmt::Display for ConversionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConversionError::NotTensorLike(what) => write!(f, "cannot make a tensor from {what}"),
-            ConversionError::Invalid(msg) => f.write_str(msg),
+            ConversionError::Invalid(msg) | ConversionError::NoMemory(msg) => f.write_str(msg),
         }
     }
 }
@@ -71,6 +84,7 @@ impl From<ConversionError> for PyErr {
         match e {
             ConversionError::NotTensorLike(_) => PyTypeError::new_err(e.to_string()),
             ConversionError::Invalid(msg) => PyValueError::new_err(msg),
+            ConversionError::NoMemory(msg) => PyMemoryError::new_err(msg),
         }
     }
 }
@@ -264,7 +278,7 @@ pub(crate) fn array_to_tensor(
     py: Python<'_>,
     dtype: Option<DType>,
     array: &Bound<'_, PyUntypedArray>,
-) -> std::result::Result<Tensor, String> {
+) -> std::result::Result<Tensor, ConversionError> {
     // A masked array's mask would be silently dropped: refuse it, as an object array is. Only
     // ndarray subclasses are asked (a plain ndarray, the common case, costs a pointer compare).
     // SAFETY: reading the type of a live object, and NumPy's ndarray type object.
@@ -279,7 +293,9 @@ pub(crate) fn array_to_tensor(
             .and_then(|m| m.extract())
             .unwrap_or_default();
         if module.starts_with("numpy.ma") {
-            return Err("a masked array is not a tensor: fill it first (`a.filled(value)`)".into());
+            return Err(ConversionError::Invalid(
+                "a masked array is not a tensor: fill it first (`a.filled(value)`)".to_owned(),
+            ));
         }
     }
     let descr = array.dtype();
@@ -302,7 +318,8 @@ pub(crate) fn array_to_tensor(
             return Err(format!(
                 "expected {want}, got a NumPy array of dtype {}{extra}",
                 dtype_name(&descr)
-            ));
+            )
+            .into());
         }
     };
     let dims = array.shape().to_vec();
@@ -313,10 +330,12 @@ pub(crate) fn array_to_tensor(
     }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
     // (Fortran-ordered, strided, reversed) array is copied by NumPy in one strided pass.
-    if !array.is_c_contiguous() {
-        return super::view::copied_by_numpy(py, dtype, array);
-    }
+    // The copy's size, checked before anything allocates it (a broadcast array is small).
     let n: usize = dims.iter().product();
+    crate::alloc::check(Some(n), dtype)?;
+    if !array.is_c_contiguous() {
+        return Ok(super::view::copied_by_numpy(py, dtype, array)?);
+    }
     // The array is C-contiguous, of `n` elements of the dtype checked above, and `array`
     // keeps it alive while we copy. It may be unaligned (np.frombuffer at an odd offset), so it
     // is copied as bytes, never read through a typed slice.
@@ -326,7 +345,7 @@ pub(crate) fn array_to_tensor(
         // SAFETY: `n` elements of `dtype` are readable as bytes at `data`.
         unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| ConversionError::Invalid(e.to_string()))
 }
 
 /// A fresh NumPy array, made during a numpy-mode body by pyop's data allocator (see

@@ -163,6 +163,14 @@ pub(crate) fn value_to_tensor(
         Err(ConversionError::Invalid(msg)) => {
             return Err(check.error(Some(index), format!("{what} {index}: {msg}")))
         }
+        Err(ConversionError::NoMemory(msg)) => {
+            return Err(Error::mismatch(
+                check.op,
+                ErrorKind::ResourceExhausted,
+                Some(index),
+                format!("{what} {index}: MemoryError: {msg}"),
+            ))
+        }
     };
     let shape_ok = match spec.like {
         Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),

@@ -26,7 +26,10 @@ pub(super) fn tensor(
     if let Ok(t) = obj.cast::<PyTensor>() {
         let t = t.get().tensor.clone();
         let t = match dtype {
-            Some(d) => t.to_dtype(d).map_err(value_error)?,
+            Some(d) => {
+                allocatable(Some(t.elem_count()), d, "a tensor")?;
+                t.to_dtype(d).map_err(value_error)?
+            }
             None => t,
         };
         return Ok(wrap(t));
@@ -158,6 +161,19 @@ pub(super) fn arange(
         .map_err(value_error)
 }
 
+/// The elements of the tensor that joins `ts` (`cat`, `stack`), once that much memory can be had.
+fn elems_of(ts: &[Tensor]) -> PyResult<usize> {
+    let n = ts
+        .iter()
+        .try_fold(0usize, |n, t| n.checked_add(t.elem_count()));
+    allocatable(
+        n,
+        ts.first().map_or(DType::F32, Tensor::dtype),
+        "the result",
+    )?;
+    Ok(n.unwrap_or(0))
+}
+
 /// `pyop.cat(tensors, dim=0)`.
 #[pyfunction]
 #[pyo3(signature = (tensors, dim=0))]
@@ -165,7 +181,7 @@ pub(super) fn cat(py: Python<'_>, tensors: &Bound<'_, PyAny>, dim: isize) -> PyR
     let ts = tensors_of(tensors)?;
     let rank = ts.first().map_or(1, |t| t.rank());
     let d = self::dim(dim, rank)?;
-    let n = ts.iter().map(|t| t.elem_count()).sum();
+    let n = elems_of(&ts)?;
     compute(py, n, || Tensor::cat(&ts, d)).map(wrap)
 }
 
@@ -176,7 +192,7 @@ pub(super) fn stack(py: Python<'_>, tensors: &Bound<'_, PyAny>, dim: isize) -> P
     let ts = tensors_of(tensors)?;
     let rank = ts.first().map_or(0, |t| t.rank());
     let d = self::dim(dim, rank + 1)?;
-    let n = ts.iter().map(|t| t.elem_count()).sum();
+    let n = elems_of(&ts)?;
     compute(py, n, || Tensor::stack(&ts, d)).map(wrap)
 }
 
@@ -211,12 +227,16 @@ pub(super) fn where_(
             ))
         }
     };
-    let n = c.elem_count().max(x.elem_count()).max(y.elem_count());
-    compute(py, n, || {
-        let s = c.shape().broadcast_shape_binary_op(x.shape(), "where")?;
-        let s = s.broadcast_shape_binary_op(y.shape(), "where")?;
-        c.broadcast_as(s.clone())?
-            .where_cond(&x.broadcast_as(s.clone())?, &y.broadcast_as(s)?)
+    let shape = c
+        .shape()
+        .broadcast_shape_binary_op(x.shape(), "where")
+        .and_then(|s| s.broadcast_shape_binary_op(y.shape(), "where"))
+        .map_err(value_error)?;
+    let n = elem_count(shape.dims());
+    allocatable(n, x.dtype(), "the result")?;
+    compute(py, n.unwrap_or(0), || {
+        c.broadcast_as(shape.clone())?
+            .where_cond(&x.broadcast_as(shape.clone())?, &y.broadcast_as(shape)?)
     })
     .map(wrap)
 }

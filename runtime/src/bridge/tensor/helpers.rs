@@ -48,27 +48,18 @@ pub(super) fn compute<T: Send>(
     }
 }
 
-/// Below this, an allocation is not checked first (it cannot abort for size alone).
-const CHECK_ALLOC_FROM: usize = 64 << 20;
-
 /// Checks that a tensor of `elems` elements of `dtype` can be allocated before candle tries (its
-/// allocations abort the process when they fail): `MemoryError` if not, as NumPy raises.
-/// `None` (an element count that overflows) is a `ValueError`.
+/// allocations abort the process when they fail; `alloc::check`): `MemoryError` if not, as NumPy
+/// raises. `None` (an element count that overflows) is a `ValueError`.
 pub(super) fn allocatable(elems: Option<usize>, dtype: DType, what: &str) -> PyResult<()> {
-    let bytes = elems.and_then(|n| n.checked_mul(dtype.size_in_bytes()));
-    let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
-        return Err(PyValueError::new_err(format!(
-            "{what} has too many elements for any tensor"
-        )));
-    };
-    if bytes >= CHECK_ALLOC_FROM && Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
-        return Err(PyMemoryError::new_err(format!(
-            "Unable to allocate {:.2} GiB for {what} of dtype {}",
-            bytes as f64 / (1u64 << 30) as f64,
-            dtype.as_str()
-        )));
-    }
-    Ok(())
+    crate::alloc::check(elems, dtype).map_err(|refusal| match refusal {
+        crate::alloc::Refusal::TooLarge => {
+            PyValueError::new_err(format!("{what} has too many elements for any tensor"))
+        }
+        crate::alloc::Refusal::NoMemory(msg) => {
+            PyMemoryError::new_err(format!("{msg} for {what} of dtype {}", dtype.as_str()))
+        }
+    })
 }
 
 /// The number of elements of `dims`, `None` if it overflows.
@@ -204,6 +195,13 @@ impl PyTensor {
         let t = &self.tensor;
         allocatable(Some(self.n()), t.dtype(), "the result")?;
         compute(py, self.n(), || f(t)).map(wrap)
+    }
+
+    /// Runs a candle op that makes a view of the tensor (same storage, new layout: `narrow`,
+    /// `transpose`, `squeeze`, `unsqueeze`, `broadcast_as`), which allocates nothing, so needs no
+    /// allocation check: a huge broadcast tensor can still be cut and turned.
+    pub(super) fn view(&self, f: impl FnOnce(&Tensor) -> CResult<Tensor>) -> PyResult<PyTensor> {
+        f(&self.tensor).map(wrap).map_err(value_error)
     }
 
     /// An integer op computed in f64 first and range-checked (see [`check_int_range`]); floats
@@ -393,6 +391,14 @@ impl PyTensor {
         let t = &self.tensor;
         let rank = t.rank();
         let dims = dims_arg(dim, rank)?;
+        // A reduction may copy its input first (a broadcast one is made contiguous; integers
+        // are summed in f64 and i64).
+        let widest = if t.dtype().is_float() {
+            t.dtype()
+        } else {
+            DType::F64
+        };
+        allocatable(Some(self.n()), widest, "the reduction's input")?;
         compute(py, self.n(), || {
             let Some(dims) = dims else {
                 let r = f(&t.flatten_all()?, 0)?;
@@ -523,6 +529,7 @@ impl PyTensor {
 pub(super) fn to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     crate::python::numpy::ensure_numpy(py, crate::error::NO_OP)
         .map_err(|e| PyImportError::new_err(e.to_string()))?;
+    allocatable(Some(t.elem_count()), t.dtype(), "the NumPy copy")?;
     let dims = t.dims().to_vec();
     let t = t
         .to_device(&Device::Cpu)

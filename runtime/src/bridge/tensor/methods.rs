@@ -103,6 +103,8 @@ impl PyTensor {
 
     /// The values as (nested) Python lists.
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // The values in 64 bits, and a list entry for each.
+        allocatable(self.n().checked_mul(2), DType::F64, "the list")?;
         let t = self.tensor.to_device(&Device::Cpu).map_err(value_error)?;
         let flat: Vec<Bound<'py, PyAny>> = if t.dtype().is_float() {
             let v = t
@@ -467,25 +469,25 @@ impl PyTensor {
         let s = shape_arg(shape, Some(self.n()))?;
         self.unary(py, move |t| t.reshape(s))
     }
-    fn transpose(&self, py: Python<'_>, dim0: isize, dim1: isize) -> PyResult<PyTensor> {
+    fn transpose(&self, dim0: isize, dim1: isize) -> PyResult<PyTensor> {
         let (a, b) = (
             dim(dim0, self.tensor.rank())?,
             dim(dim1, self.tensor.rank())?,
         );
-        self.unary(py, move |t| t.transpose(a, b))
+        self.view(move |t| t.transpose(a, b))
     }
     /// The transpose of the last two dims (a 0-d or 1-d tensor unchanged).
-    fn t(&self, py: Python<'_>) -> PyResult<PyTensor> {
+    fn t(&self) -> PyResult<PyTensor> {
         if self.tensor.rank() < 2 {
             return Ok(wrap(self.tensor.clone()));
         }
-        self.unary(py, |t| t.t())
+        self.view(|t| t.t())
     }
     #[getter(T)]
-    fn transposed(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        self.t(py)
+    fn transposed(&self) -> PyResult<PyTensor> {
+        self.t()
     }
-    fn unsqueeze(&self, py: Python<'_>, d: isize) -> PyResult<PyTensor> {
+    fn unsqueeze(&self, d: isize) -> PyResult<PyTensor> {
         // A new dim may go at any of rank + 1 places; the message counts the tensor's own dims.
         let rank = self.tensor.rank();
         let d = dim(d, rank + 1).map_err(|_| {
@@ -495,7 +497,7 @@ impl PyTensor {
                 rank + 1
             ))
         })?;
-        self.unary(py, move |t| t.unsqueeze(d))
+        self.view(move |t| t.unsqueeze(d))
     }
     /// Removes `dim` (which must have size 1), or every size-1 dim.
     #[pyo3(signature = (dim=None))]
@@ -503,7 +505,7 @@ impl PyTensor {
         match dim {
             Some(d) => {
                 let d = self::dim(d, self.tensor.rank())?;
-                self.unary(py, move |t| t.squeeze(d))
+                self.view(move |t| t.squeeze(d))
             }
             None => {
                 let s: Vec<usize> = self
@@ -518,13 +520,13 @@ impl PyTensor {
         }
     }
     #[pyo3(signature = (*shape))]
-    fn broadcast_to(&self, py: Python<'_>, shape: &Bound<'_, PyTuple>) -> PyResult<PyTensor> {
+    fn broadcast_to(&self, shape: &Bound<'_, PyTuple>) -> PyResult<PyTensor> {
         let s = shape_arg(shape, None)?;
-        self.unary(py, move |t| t.broadcast_as(s))
+        self.view(move |t| t.broadcast_as(s))
     }
-    fn narrow(&self, py: Python<'_>, d: isize, start: usize, length: usize) -> PyResult<PyTensor> {
+    fn narrow(&self, d: isize, start: usize, length: usize) -> PyResult<PyTensor> {
         let d = dim(d, self.tensor.rank())?;
-        self.unary(py, move |t| t.narrow(d, start, length))
+        self.view(move |t| t.narrow(d, start, length))
     }
     /// A contiguous copy if the tensor is not contiguous.
     fn contiguous(&self, py: Python<'_>) -> PyResult<PyTensor> {
@@ -539,7 +541,12 @@ impl PyTensor {
     fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
         if let Ok(idx) = key.cast::<PyTensor>() {
             let idx = idx.get().tensor.clone();
-            return self.unary(py, move |t| t.index_select(&idx, 0));
+            let t = &self.tensor;
+            // The result has a row of `t` for every index.
+            let row = t.dims().iter().skip(1).product::<usize>();
+            let n = idx.elem_count().checked_mul(row);
+            allocatable(n, t.dtype(), "the result")?;
+            return compute(py, n.unwrap_or(0), || t.index_select(&idx, 0)).map(wrap);
         }
         let keys: Vec<Bound<'_, PyAny>> = match key.cast::<PyTuple>() {
             Ok(t) => t.iter().collect(),
