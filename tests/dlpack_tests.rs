@@ -33,6 +33,53 @@ fn a_tensor_reaches_numpy_without_a_copy_and_read_only() {
     );
 }
 
+/// A tracked tensor (a `Var`, or a view of one, which shares its storage) reaches a DLPack
+/// consumer as a snapshot: a `Var::set` while the consumer still holds its array (here, from
+/// Rust the body calls, between the export and the read) is not seen, and no consumer reads
+/// memory `Var::set` writes. An untracked tensor is still exported without a copy.
+#[test]
+fn a_tracked_tensor_is_exported_as_a_snapshot() {
+    use pyop::candle::Var;
+    let var = Var::ones(1000, DType::F32, &cpu()).unwrap();
+    let setter = var.clone();
+    pyop::expose("dlpack_set_var", move |_| {
+        setter.set(&Tensor::full(2f32, 1000, &Device::Cpu)?)?;
+        Ok(pyop::Value::None)
+    })
+    .unwrap();
+    let probe = op(
+        "import pyop\ndef f(x):\n    a = np.from_dlpack(x)\n    pyop.rust.dlpack_set_var()\n    return np.float32(a.max())",
+        &[OutSpec::new(DType::F32)],
+    );
+    for (what, t) in [
+        ("the Var", var.as_tensor().clone()),
+        ("a view of it", var.narrow(0, 1, 998).unwrap()),
+    ] {
+        var.set(&Tensor::ones(1000, DType::F32, &cpu()).unwrap())
+            .unwrap();
+        let seen = probe.call(&[Arg::from(&t)]).unwrap()[0]
+            .to_vec0::<f32>()
+            .unwrap();
+        assert_eq!(
+            seen, 1.0,
+            "{what}: the consumer saw a Var::set made after the export"
+        );
+    }
+    let ptr = op(
+        "def f(x):\n    return np.int64(np.from_dlpack(x).__array_interface__['data'][0])",
+        &[OutSpec::new(DType::I64)],
+    );
+    let same = |t: &Tensor| {
+        ptr.call(&[Arg::from(t)]).unwrap()[0]
+            .to_vec0::<i64>()
+            .unwrap() as usize
+            == data_ptr(t)
+    };
+    assert!(!same(var.as_tensor()), "a Var is copied");
+    let plain = Tensor::ones(1000, DType::F32, &cpu()).unwrap();
+    assert!(same(&plain), "an untracked tensor is not");
+}
+
 #[test]
 fn every_dtype_and_layout_arrives_with_its_values() {
     let double = op(

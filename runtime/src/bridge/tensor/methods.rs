@@ -630,8 +630,14 @@ impl PyTensor {
                 ));
             }
         }
-        let t = if copy == Some(true) {
-            self.tensor.copy().map_err(value_error)?
+        // A consumer reads the memory without candle's storage lock for as long as it keeps
+        // the capsule's array. A tensor autograd tracks may be a `Var` or a view of one, whose
+        // storage `Var::set` on another thread overwrites in place: it is exported as a snapshot
+        // (taken under the storage's read lock, so all old or all new values), as numpy mode
+        // snapshots such inputs. Untracked tensors are exported without a copy.
+        let t = if copy == Some(true) || self.tensor.track_op() {
+            let t = &self.tensor;
+            compute(py, t.elem_count(), || t.copy())?
         } else {
             self.tensor.clone()
         };
