@@ -65,7 +65,7 @@ fn a_body_waiting_in_python_blocks_no_other_call() {
 }
 
 /// In a body, candle work on 32 Ki elements or more runs with the GIL released, and smaller
-/// work keeps it. Deterministic: with a switch interval of 1000 s Python never takes the GIL
+/// work keeps it (checked at exactly 32 Ki and one element below). Deterministic: with a switch interval of 1000 s Python never takes the GIL
 /// from the body's thread, so a second Python thread can count only while pyop released it.
 #[py_op(code = r#"
 import sys, threading, time, pyop
@@ -84,14 +84,15 @@ def gil_released(x):
         t.start()
         started.wait()
         before = count[0]
-        for _ in range(200):          # large work: some iteration lets the spinner run
-            x.exp()
+        at = x[:32768]                # exactly the threshold: some iteration lets the spinner run
+        for _ in range(200):
+            at.exp()
             if count[0] != before:
                 break
         large = count[0] - before
-        small_x = x[:1024]
+        small_x = x[:32767]           # one element below: never
         before = count[0]
-        for _ in range(200):          # small work: never
+        for _ in range(200):
             small_x.exp()
         small = count[0] - before
     finally:
@@ -361,6 +362,37 @@ fn a_hung_body_is_interrupted_and_the_op_stays_usable() {
             );
         }
     });
+}
+
+/// While a time limit is armed, the interpreter's switch interval is 0.5 ms (so the watchdog
+/// gets the GIL from a busy body soon); once no limit is armed, it is back to what it was.
+#[test]
+#[ignore = "a child process of the_switch_interval_is_short_only_while_a_limit_is_armed"]
+fn switch_interval_child() {
+    let interval = |limit: Option<Duration>| {
+        let mut b = PyOp::builder("sw")
+            .code("import sys, pyop\ndef sw(x):\n    return pyop.tensor([sys.getswitchinterval()], dtype='f64')")
+            .tout([OutSpec::new(DType::F64)]);
+        if let Some(l) = limit {
+            b = b.timeout(l);
+        }
+        b.build().unwrap().call(&[Arg::from(&scalar(0.0))]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap()[0]
+    };
+    let before = interval(None);
+    let armed = interval(Some(Duration::from_secs(60)));
+    let after = interval(None);
+    assert_eq!(before, 0.005, "CPython's default");
+    assert!(armed <= 0.0005, "armed: {armed}");
+    assert_eq!(after, before, "restored");
+    println!("child: ok");
+}
+
+#[test]
+fn the_switch_interval_is_short_only_while_a_limit_is_armed() {
+    let (passed, text) = common::child_test("switch_interval_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
 }
 
 // --- views that escape ---

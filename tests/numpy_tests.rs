@@ -141,6 +141,26 @@ fn inputs_are_read_only_zero_copy_views() {
         data_ptr(&narrowed),
         "narrowed tensors are views too"
     );
+    // Strided inputs are views as well, not copies: a broadcast (stride 0) and a narrow along
+    // dim 1 (rows with gaps).
+    let broadcast = Tensor::new(&[1f32, 2.], &cpu())
+        .unwrap()
+        .broadcast_as((3, 2))
+        .unwrap();
+    let gaps = Tensor::arange(0f32, 12., &cpu())
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap()
+        .narrow(1, 1, 2)
+        .unwrap();
+    for (what, t) in [("a broadcast tensor", broadcast), ("a dim-1 narrow", gaps)] {
+        let v = probe(&t).unwrap().to_vec1::<i64>().unwrap();
+        assert_eq!(
+            v[0] as usize,
+            data_ptr(&t),
+            "{what} reaches NumPy as a view"
+        );
+    }
 }
 
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]

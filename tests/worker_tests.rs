@@ -160,6 +160,71 @@ fn an_input_returned_as_is_comes_back_exactly() {
     }
 }
 
+/// The program's mappings of worker arenas: (inode, size in bytes) of each.
+fn arena_maps() -> Vec<(u64, usize)> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("pyop-worker-arena"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (a, b) = f[0].split_once('-').unwrap();
+            let size =
+                usize::from_str_radix(b, 16).unwrap() - usize::from_str_radix(a, 16).unwrap();
+            (f[4].parse().unwrap(), size)
+        })
+        .collect()
+}
+
+/// A worker returns an input where it lies: the reply names the place in the input arena, and
+/// nothing is copied into a result arena (so the input arena is not held as retained either, and
+/// is reused by the next call).
+#[test]
+fn a_returned_input_is_named_where_it_lies_not_copied() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = |name: &str, code: &str| {
+        PyOp::builder(name)
+            .code(code)
+            .function("f")
+            .numpy()
+            .pool(&pool)
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap()
+    };
+    let fresh = op(
+        "fresh",
+        "import numpy as np\ndef f(x):\n    return np.zeros(1, np.float32)",
+    );
+    let ident = op("ident_in_place", "def f(x):\n    return x");
+    let x = Tensor::ones(4 << 20, DType::F32, &cpu()).unwrap(); // 16 MiB
+    fresh.call(&[Arg::from(&x)]).unwrap();
+    let big = |maps: &[(u64, usize)]| {
+        maps.iter()
+            .filter(|a| a.1 >= 16 << 20)
+            .map(|a| a.0)
+            .collect::<Vec<_>>()
+    };
+    let input = big(&arena_maps());
+    assert_eq!(
+        input.len(),
+        1,
+        "one 16 MiB arena, the input's: {:?}",
+        arena_maps()
+    );
+    for _ in 0..2 {
+        let y = ident.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].dims(), x.dims());
+        assert_eq!(
+            big(&arena_maps()),
+            input,
+            "the input arena kept and no 16 MiB result arena made: {:?}",
+            arena_maps()
+        );
+    }
+}
+
 // --- out, gradients, module state, kept views ---
 
 #[test]
