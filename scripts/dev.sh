@@ -2,6 +2,7 @@
 # The README's two commands:
 #   scripts/dev.sh example   runs the main example (examples/log_huber.rs)
 #   scripts/dev.sh test      runs every test, the examples, clippy and rustfmt (what CI runs)
+#   scripts/dev.sh mutants [FILE...]   mutation testing of FILEs, or of what this change touches
 # Both first make sure the project-local venv `.venv` exists and has NumPy, and point the build
 # and the embedded interpreter at it; nothing has to be set up by hand.
 set -euo pipefail
@@ -83,10 +84,40 @@ case "${1:-}" in
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
     PYTHON312=$("$python" -c 'import sys; print(sys.executable)') scripts/gpu-kit.sh --cpu --verify
     ;;
+  mutants)
+    # Mutation testing (cargo-mutants, installed once): every mutant of the given files, or with
+    # no files of the lines this change touches (`git diff` against $MUTANTS_BASE, origin/main by
+    # default), run against the test files that guard the README's promises. A missed mutant
+    # needs a test, or a line in tests/README.md saying why it cannot change behaviour. The tree
+    # is copied (your checkout is never edited); MUTANTS_ARGS passes more options (`--in-place`
+    # in a disposable clone reuses its build, `-j 2`).
+    shift
+    command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants@27.1.0
+    guards=()
+    for t in numpy_tests tensor_tests executor_tests grad_tests dlpack_tests hardening \
+             worker_tests devx_tests device_tests tracing_tests; do
+      guards+=("--cargo-test-arg=--test=$t")
+    done
+    if [ "$#" -gt 0 ]; then
+      select=()
+      for f in "$@"; do select+=(-f "$f"); done
+    else
+      mkdir -p target
+      git diff "${MUTANTS_BASE:-origin/main}" -- runtime macros src > target/mutants.diff
+      select=(--in-diff target/mutants.diff)
+    fi
+    # The tests live in the facade package, the code in pyop-runtime: cargo-mutants 27 runs its
+    # unmutated baseline with the mutated package's tests only (where no `--test=numpy_tests`
+    # exists), so the baseline is skipped and the limits are set instead (a clean run of these
+    # tests takes about 40 s here; a mutant that hangs a body is cut off at 5 minutes).
+    # shellcheck disable=SC2086
+    exec cargo mutants --workspace --test-workspace=true --no-shuffle "${select[@]}" "${guards[@]}" \
+      --baseline=skip --timeout=300 --build-timeout=600 --output target ${MUTANTS_ARGS:-}
+    ;;
   true)
     ;;  # only the set-up above (used by scripts/bench.sh)
   *)
-    echo "usage: scripts/dev.sh example|test" >&2
+    echo "usage: scripts/dev.sh example|test|mutants [FILE...]" >&2
     exit 2
     ;;
 esac
