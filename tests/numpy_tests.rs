@@ -883,3 +883,53 @@ fn a_kept_view_of_out_makes_the_output_a_copy() {
     scribble_on_kept(&x).unwrap();
     assert_eq!(y.to_vec1::<f32>().unwrap(), [1., 2., 3.]);
 }
+
+/// The `VmFlags` of the mapping of this process that holds `addr` (`/proc/self/smaps`).
+fn vm_flags_at(addr: usize) -> Option<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return Some(flags.trim().to_owned());
+            }
+        }
+    }
+    None
+}
+
+/// An `out` buffer of 4 MiB or more is advised to use transparent huge pages (`MADV_HUGEPAGE`,
+/// which `/proc/self/smaps` shows as `hg`), as NumPy does for its own large arrays: a fresh
+/// 64 MiB buffer then faults 32 times on first write instead of 16,384.
+#[test]
+fn large_out_buffers_are_advised_to_use_huge_pages() {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if !thp.is_ok_and(|s| s.contains("[madvise]") || s.contains("[always]")) {
+        eprintln!("skipped: this kernel offers no transparent huge pages to advise");
+        return;
+    }
+    let x = Tensor::zeros(4 << 20, DType::F32, &cpu()).unwrap(); // 16 MiB
+    let y = returns_none(&x).unwrap();
+    // The first whole page of the buffer (its start need not be page-aligned).
+    let page = (data_ptr(&y) + 4095) / 4096 * 4096;
+    let flags = vm_flags_at(page).expect("the buffer is mapped");
+    assert!(
+        flags.split_whitespace().any(|f| f == "hg"),
+        "VmFlags of the out buffer: {flags}"
+    );
+    let end = data_ptr(&y) + (4 << 22) - 4096;
+    let flags = vm_flags_at(end / 4096 * 4096).expect("the buffer is mapped");
+    assert!(
+        flags.split_whitespace().any(|f| f == "hg"),
+        "VmFlags at the buffer's last whole page: {flags}"
+    );
+}
