@@ -90,12 +90,13 @@ case "${1:-}" in
     # default), run against the test files that guard the README's promises. A missed mutant
     # needs a test, or a line in tests/README.md saying why it cannot change behaviour. The tree
     # is copied (your checkout is never edited); MUTANTS_ARGS passes more options (`--in-place`
-    # in a disposable clone reuses its build, `-j 2`).
+    # in a disposable clone reuses its build, `-j 2`); MUTANTS_TESTS names the test files to run
+    # instead of the default list.
     shift
     command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants@27.1.0
     guards=()
-    for t in numpy_tests tensor_tests executor_tests grad_tests dlpack_tests hardening \
-             worker_tests devx_tests device_tests tracing_tests; do
+    for t in ${MUTANTS_TESTS:-numpy_tests tensor_tests executor_tests grad_tests dlpack_tests \
+             hardening worker_tests devx_tests device_tests tracing_tests}; do
       guards+=("--cargo-test-arg=--test=$t")
     done
     if [ "$#" -gt 0 ]; then
