@@ -770,8 +770,12 @@ fn parked_threads_child() {
             let _ = rx.recv();
         });
     }
+    drop(ready);
     for _ in 0..8 {
-        parked.recv().unwrap();
+        // A thread whose first call failed never reports: fail, not hang.
+        parked
+            .recv_timeout(Duration::from_secs(60))
+            .expect("every thread made its first call");
     }
     std::thread::sleep(Duration::from_millis(100));
     std::mem::forget(keep_alive);

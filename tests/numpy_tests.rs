@@ -480,6 +480,22 @@ fn numpy_mode_rejects_dtypes_numpy_cannot_hold() {
             .contains("input 0 is bf16, which NumPy cannot hold"),
         "{err}"
     );
+    // The input is named by its place among the call's tensors, lists included.
+    let op = common::numpy_op(
+        "third",
+        "def f(a, bs):\n    return a",
+        &[OutSpec::new(DType::F32)],
+    )
+    .unwrap();
+    let a = Tensor::new(&[1f32], &cpu()).unwrap();
+    let err = op
+        .call(&[Arg::from(&a), Arg::from(&[a.clone(), x.clone()][..])])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("input 2 is bf16, which NumPy cannot hold"),
+        "{err}"
+    );
 }
 
 // --- errors and candle ---
