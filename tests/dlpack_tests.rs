@@ -51,9 +51,20 @@ fn a_tracked_tensor_is_exported_as_a_snapshot() {
         "import pyop\ndef f(x):\n    a = np.from_dlpack(x)\n    pyop.rust.dlpack_set_var()\n    return np.float32(a.max())",
         &[OutSpec::new(DType::F32)],
     );
-    for (what, t) in [
-        ("the Var", var.as_tensor().clone()),
-        ("a view of it", var.narrow(0, 1, 998).unwrap()),
+    // The same through views and detached views the body makes of its input, which autograd no
+    // longer tracks but which still share the Var's storage.
+    let detached = op(
+        "import pyop\ndef f(x):\n    a = np.from_dlpack(x.detach()[1:].detach())\n    pyop.rust.dlpack_set_var()\n    return np.float32(a.max())",
+        &[OutSpec::new(DType::F32)],
+    );
+    for (what, t, probe) in [
+        ("the Var", var.as_tensor().clone(), &probe),
+        ("a view of it", var.narrow(0, 1, 998).unwrap(), &probe),
+        (
+            "a detached view of a view",
+            var.narrow(0, 1, 998).unwrap(),
+            &detached,
+        ),
     ] {
         var.set(&Tensor::ones(1000, DType::F32, &cpu()).unwrap())
             .unwrap();

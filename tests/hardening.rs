@@ -292,6 +292,11 @@ const BROADCAST_COPIES: &[&str] = &[
     "I.sum()",
     "I * 2",
     "I.tolist()",
+    "-pyop.zeros(1, dtype='i64').broadcast_to(2**40)",
+    "abs(pyop.zeros(1, dtype='i64').broadcast_to(2**40))",
+    "pyop.zeros(1, dtype='i64').broadcast_to(2**40) ** 2",
+    "pyop.zeros(1, dtype='u8').broadcast_to(2**33).to_dtype('f64')",
+    "pyop.zeros((1, 2**16)) @ pyop.zeros((1, 1, 1)).broadcast_to(2**20, 2**16, 1)",
     "pyop.tensor(np.broadcast_to(np.float32(1), 2**40))",
     "pyop.tensor(np.broadcast_to(np.float32(1), 2**40), dtype='f64')",
     "pyop.tensor(np.broadcast_to(np.int16(1), 2**40), dtype='f64')",
@@ -681,6 +686,41 @@ fn f16_errors() {
     );
 }
 
+// --- Threads keep their Python thread states: the program still ends at once ---
+
+/// The main thread keeps a thread state of pyop's (the interpreter was started by another
+/// thread), and when `main` returns another thread's body holds the GIL in C code that never
+/// lets it go (a regex that backtracks for ages): the program ends at once. Its thread-local
+/// destructors run inside `exit()`, and the main thread's kept state is not freed there, which
+/// would wait for the GIL.
+fn t1_exit_while_a_body_holds_the_gil() {
+    let x = t(&[1.]);
+    let ident = tensor_op("ident", "def ident(x):\n    return x", DType::F32);
+    // Another thread starts the interpreter, so the main thread's state is pyop's own.
+    std::thread::scope(|s| {
+        s.spawn(|| ident.call(&[Arg::from(&x)]).unwrap());
+    });
+    ident.call(&[Arg::from(&x)]).unwrap();
+    static INSIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    expose("entered_regex", |_| {
+        INSIDE.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(Value::None)
+    })
+    .unwrap();
+    let stuck = tensor_op(
+        "stuck",
+        "import re, pyop\ndef stuck(x):\n    pyop.rust.entered_regex()\n    re.match(r'(a+)+$', 'a' * 64 + 'b')\n    return x",
+        DType::F32,
+    );
+    std::thread::spawn(move || stuck.call(&[Arg::from(&t(&[1.]))]));
+    while !INSIDE.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // Dropping an op takes the GIL (its Python objects go with it), which the stuck body holds.
+    std::mem::forget(ident);
+}
+
 const SCENARIOS: &[(&str, fn())] = &[
     ("f1_setstate", f1_setstate),
     ("f2_shapes", f2_shapes),
@@ -697,7 +737,48 @@ const SCENARIOS: &[(&str, fn())] = &[
     ("f13_pythonhome", f13_pythonhome),
     ("f16_errors", f16_errors),
     ("a5_broadcast_copies", a5_broadcast_copies),
+    (
+        "t1_exit_while_a_body_holds_the_gil",
+        t1_exit_while_a_body_holds_the_gil,
+    ),
 ];
+
+/// Runs `cmd` to its end and returns what it printed, or kills it and returns `None` if it runs
+/// past `limit` (a scenario that hangs fails instead of stalling the run).
+fn output_within(mut cmd: Command, limit: Duration) -> Option<std::process::Output> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Some(std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    })
+}
 
 fn main() {
     if let Ok(name) = std::env::var("PYOP_HARDENING") {
@@ -716,7 +797,11 @@ fn main() {
         if *name == "f13_pythonhome" {
             cmd.env("PYTHONHOME", "/nonexistent/python");
         }
-        let out = cmd.output().unwrap();
+        let Some(out) = output_within(cmd, Duration::from_secs(120)) else {
+            println!("test {name} ... FAILED (did not end within 120 s)");
+            failed += 1;
+            continue;
+        };
         let stdout = String::from_utf8_lossy(&out.stdout);
         if out.status.success() && stdout.contains(&format!("ok {name}")) {
             println!("test {name} ... ok");

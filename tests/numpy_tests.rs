@@ -936,7 +936,7 @@ fn large_out_buffers_are_advised_to_use_huge_pages() {
     let x = Tensor::zeros(4 << 20, DType::F32, &cpu()).unwrap(); // 16 MiB
     let y = returns_none(&x).unwrap();
     // The first whole page of the buffer (its start need not be page-aligned).
-    let page = (data_ptr(&y) + 4095) / 4096 * 4096;
+    let page = data_ptr(&y).div_ceil(4096) * 4096;
     let flags = vm_flags_at(page).expect("the buffer is mapped");
     assert!(
         flags.split_whitespace().any(|f| f == "hg"),

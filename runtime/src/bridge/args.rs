@@ -33,7 +33,7 @@ pub(crate) fn python_args<'py>(
         match passing {
             Passing::Views => numpy_view(py, p),
             Passing::Tensors | Passing::Dlpack => {
-                Ok(Bound::new(py, PyTensor::new(p.tensor.clone()))?.into_any())
+                Ok(Bound::new(py, PyTensor::input(p.tensor.clone(), p.shares_var))?.into_any())
             }
         }
     };
@@ -108,7 +108,7 @@ pub(crate) fn call<'py>(
     let result = unsafe {
         pyo3::ffi::PyObject_Vectorcall(
             callable.as_ptr(),
-            ptrs.as_ptr().add(1),
+            ptrs.as_mut_ptr().add(1),
             positional | pyo3::ffi::PY_VECTORCALL_ARGUMENTS_OFFSET,
             kwnames.map_or(std::ptr::null_mut(), |k| k.as_ptr()),
         )

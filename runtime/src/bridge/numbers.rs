@@ -122,9 +122,11 @@ fn convert(
     to: Option<DType>,
 ) -> std::result::Result<Tensor, ConversionError> {
     let converted = |t: Tensor| match to {
-        Some(d) => t
-            .to_dtype(d)
-            .map_err(|e| ConversionError::Invalid(e.to_string())),
+        Some(d) => {
+            crate::alloc::check(Some(t.elem_count()), d)?;
+            t.to_dtype(d)
+                .map_err(|e| ConversionError::Invalid(e.to_string()))
+        }
         None => Ok(t),
     };
     if let Ok(t) = value.cast::<PyTensor>() {

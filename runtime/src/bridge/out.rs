@@ -44,6 +44,7 @@ pub(crate) fn out_buffers<'py>(
         let prepared = Prepared {
             tensor: t.clone(),
             data,
+            shares_var: false,
         };
         let (view, base) = numpy_array(py, &prepared, true)
             .map_err(|e| crate::python::errors::python_error(py, NO_OP, e))?;

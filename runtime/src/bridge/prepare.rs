@@ -48,6 +48,9 @@ pub(crate) struct Prepared {
     pub tensor: Tensor,
     /// Address of the first element, for NumPy views (`Passing::Views` only).
     pub data: usize,
+    /// Whether the tensor was tracked and not copied, so may share a `Var`'s storage (a view of
+    /// one, in tensor mode), also once detached.
+    pub shares_var: bool,
 }
 
 /// A call's prepared inputs, held inline for the usual few.
@@ -96,6 +99,7 @@ fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepa
     // tensor on another device is of a host copy, which is the snapshot.
     let moved = passing == Passing::Views && !t.device().is_cpu();
     let snapshot = t.is_variable() || (passing != Passing::Tensors && t.track_op());
+    let shares_var = t.track_op() && !snapshot && !moved;
     let t = if moved {
         t.to_device(&Device::Cpu)?
     } else if snapshot {
@@ -107,7 +111,11 @@ fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepa
         Passing::Views => cpu_data_ptr(&t),
         Passing::Tensors | Passing::Dlpack => 0,
     };
-    Ok(Prepared { tensor: t, data })
+    Ok(Prepared {
+        tensor: t,
+        data,
+        shares_var,
+    })
 }
 
 /// The address of a CPU tensor's first element (0 for a dtype NumPy cannot hold, which `prepare`
@@ -148,6 +156,7 @@ impl Prepared {
         Prepared {
             tensor: self.tensor.detach(),
             data: self.data,
+            shares_var: self.shares_var,
         }
     }
 }

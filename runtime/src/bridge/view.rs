@@ -164,6 +164,7 @@ pub(crate) fn copied_by_numpy(
     let prepared = Prepared {
         data: super::prepare::cpu_data_ptr(&t),
         tensor: t.clone(),
+        shares_var: false,
     };
     let (view, base) =
         numpy_array(py, &prepared, true).map_err(|e| crate::python::describe(py, &e))?;

@@ -194,14 +194,16 @@ impl PyTensor {
     ) -> PyResult<PyTensor> {
         let t = &self.tensor;
         allocatable(Some(self.n()), t.dtype(), "the result")?;
-        compute(py, self.n(), || f(t)).map(wrap)
+        compute(py, self.n(), || f(t)).map(|r| self.derived(r))
     }
 
     /// Runs a candle op that makes a view of the tensor (same storage, new layout: `narrow`,
     /// `transpose`, `squeeze`, `unsqueeze`, `broadcast_as`), which allocates nothing, so needs no
     /// allocation check: a huge broadcast tensor can still be cut and turned.
     pub(super) fn view(&self, f: impl FnOnce(&Tensor) -> CResult<Tensor>) -> PyResult<PyTensor> {
-        f(&self.tensor).map(wrap).map_err(value_error)
+        f(&self.tensor)
+            .map(|t| self.derived(t))
+            .map_err(value_error)
     }
 
     /// An integer op computed in f64 first and range-checked (see [`check_int_range`]); floats
@@ -217,6 +219,7 @@ impl PyTensor {
     ) -> PyResult<PyTensor> {
         let dtype = self.tensor.dtype();
         if dtype == DType::I64 {
+            allocatable(Some(self.n()), DType::I64, "the result")?;
             let values = self
                 .tensor
                 .flatten_all()
@@ -344,6 +347,20 @@ impl PyTensor {
         let n = matmul_count(a, b).ok_or_else(|| {
             PyValueError::new_err("the result of @ has too many elements for any tensor")
         })?;
+        // candle copies a broadcast operand to the batch it is broadcast to: that copy can be
+        // far larger than the result.
+        let (ad, bd) = (a.dims(), b.dims());
+        let batch = elem_count(&ad[..ad.len().saturating_sub(2)])
+            .zip(elem_count(&bd[..bd.len().saturating_sub(2)]))
+            .map(|(x, y)| x.max(y));
+        let k = ad.last().copied().unwrap_or(1);
+        let rows = |d: &[usize]| if d.len() >= 2 { d[d.len() - 2] } else { 1 };
+        for operand in [
+            batch.and_then(|b| elem_count(&[b, rows(ad), k])),
+            batch.and_then(|b| elem_count(&[b, k, bd.last().copied().unwrap_or(1)])),
+        ] {
+            allocatable(operand, a.dtype(), "an operand of @, broadcast")?;
+        }
         let t = self.run_binary(py, a, b, n, matmul)?;
         Ok(Bound::new(py, t)?.into_any().unbind())
     }

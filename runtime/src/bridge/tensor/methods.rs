@@ -598,18 +598,20 @@ impl PyTensor {
                 )));
             }
         }
-        Ok(wrap(t))
+        Ok(self.derived(t))
     }
 
     // --- conversion ---
 
     fn to_dtype(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
         let d = parse_dtype(dtype)?;
+        // The result is of the new dtype, which may be wider than the tensor's.
+        allocatable(Some(self.n()), d, "the result")?;
         self.unary(py, move |t| t.to_dtype(d))
     }
     /// The same values, cut from the autograd graph.
     fn detach(&self) -> PyTensor {
-        wrap(self.tensor.detach())
+        self.derived(self.tensor.detach())
     }
     /// A DLPack capsule of the tensor, without a copy (`copy=True` exports a copy): what
     /// `np.from_dlpack(x)`, `torch.from_dlpack(x)` and `cupy.from_dlpack(x)` call. Read-only for
@@ -635,9 +637,10 @@ impl PyTensor {
         // storage `Var::set` on another thread overwrites in place: it is exported as a snapshot
         // (taken under the storage's read lock, so all old or all new values), as numpy mode
         // snapshots such inputs. Untracked tensors are exported without a copy.
-        let t = if copy == Some(true) || self.tensor.track_op() {
+        let t = if copy == Some(true) || self.may_be_written() {
+            // Only the view's own elements, copied under the storage's read lock.
             let t = &self.tensor;
-            compute(py, t.elem_count(), || t.copy())?
+            compute(py, t.elem_count(), || t.force_contiguous())?
         } else {
             self.tensor.clone()
         };

@@ -30,6 +30,9 @@ pub struct PyTensor {
     view_data: usize,
     /// Whether that view was handed out writable (an `out` buffer).
     writable: bool,
+    /// Whether the tensor may share a `Var`'s storage although autograd no longer tracks it (a
+    /// detached view of a `Var`): `__dlpack__` then exports a snapshot, as for tracked tensors.
+    var_storage: bool,
 }
 
 impl PyTensor {
@@ -39,7 +42,31 @@ impl PyTensor {
             tensor,
             view_data: 0,
             writable: false,
+            var_storage: false,
         }
+    }
+
+    /// A call's input: `var_storage` when it came from a tracked tensor that was not copied.
+    pub(crate) fn input(tensor: Tensor, var_storage: bool) -> Self {
+        Self {
+            var_storage,
+            ..Self::new(tensor)
+        }
+    }
+
+    /// `tensor`, made from this one by an op that may share its storage (a view, a reshape, a
+    /// `detach`): it keeps knowing whether that storage may be a `Var`'s.
+    pub(crate) fn derived(&self, tensor: Tensor) -> Self {
+        let var_storage = self.var_storage || self.tensor.track_op();
+        Self {
+            var_storage,
+            ..Self::new(tensor)
+        }
+    }
+
+    /// Whether a consumer of this tensor's memory must get a snapshot (`__dlpack__`).
+    pub(crate) fn may_be_written(&self) -> bool {
+        self.var_storage || self.tensor.track_op()
     }
 
     /// The base object of a NumPy view of `tensor` starting at address `data`.
@@ -48,6 +75,7 @@ impl PyTensor {
             tensor,
             view_data: data,
             writable,
+            var_storage: false,
         }
     }
 

@@ -79,6 +79,24 @@ pub(crate) fn attach(
         DType::F32
     };
 
+    // Packing copies every tracked input and float output into one buffer of dtype `f`: a body
+    // may have returned a huge broadcast tensor, so the copy is checked first.
+    let elems = tracked_in
+        .iter()
+        .map(|&i| originals[i].elem_count())
+        .chain(float_out.iter().map(|&j| outputs[j].elem_count()))
+        .try_fold(0usize, |n, e| n.checked_add(e));
+    crate::alloc::check(elems, f).map_err(|refusal| {
+        let msg = match refusal {
+            crate::alloc::Refusal::TooLarge => "too many elements for any tensor".to_owned(),
+            crate::alloc::Refusal::NoMemory(msg) => msg,
+        };
+        crate::error::Error::op_failure(
+            Some(op.name.as_str()),
+            crate::error::ErrorKind::ResourceExhausted,
+            format!("MemoryError: the outputs, packed for the gradient: {msg}"),
+        )
+    })?;
     let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
     let packed_out = pack(float_out.iter().map(|&j| &outputs[j]), f)?.detach();
     let out_shape = packed_out.shape().clone();
