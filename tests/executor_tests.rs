@@ -386,7 +386,72 @@ fn switch_interval_child() {
     assert_eq!(before, 0.005, "CPython's default");
     assert!(armed <= 0.0005, "armed: {armed}");
     assert_eq!(after, before, "restored");
+    // Nested limits: an outer body whose limit is armed calls (through Rust) an inner op with a
+    // limit of its own that times out, catches that error, and goes on. The interval stays short
+    // until the outer limit is disarmed, the inner interrupt reaches only the inner body, and the
+    // interval is restored at the end.
+    let inner = PyOp::builder("inner_spin")
+        .code("def inner_spin(x):\n    while True:\n        pass")
+        .tout([OutSpec::new(DType::F32)])
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    expose("inner_spin", move |args| {
+        Ok(Value::from(
+            inner.call(&[Arg::from(args[0].tensor()?)])?.remove(0),
+        ))
+    })
+    .unwrap();
+    let outer = PyOp::builder("outer_limit")
+        .code(
+            "import sys, pyop\ndef outer_limit(x):\n    try:\n        pyop.rust.inner_spin(x)\n        \
+             timed_out = 0\n    except pyop.OpTimeout as e:\n        timed_out = int('time limit' in str(e))\n    \
+             n = 0\n    for i in range(200000):\n        n += 1\n    \
+             return pyop.tensor([timed_out, sys.getswitchinterval()], dtype='f64')",
+        )
+        .tout([OutSpec::new(DType::F64)])
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let got = outer.call(&[Arg::from(&scalar(0.0))]).unwrap()[0]
+        .to_vec1::<f64>()
+        .unwrap();
+    assert_eq!(got[0], 1.0, "the inner op timed out");
+    assert!(
+        got[1] <= 0.0005,
+        "still armed after the inner limit: {}",
+        got[1]
+    );
+    assert_eq!(interval(None), before, "restored after both");
     println!("child: ok");
+}
+
+/// An error a body raises under a time limit that did not fire keeps its own kind and message,
+/// also when the body raises `pyop.OpTimeout` itself.
+#[test]
+fn an_error_under_an_armed_limit_is_not_a_timeout() {
+    let op = |code: &str| {
+        PyOp::builder("raises")
+            .code(code)
+            .function("f")
+            .tout([OutSpec::new(DType::F32)])
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let err = op("def f(x):\n    raise ValueError('not a number')")
+        .call(&[Arg::from(&scalar(0.0))])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(!err.to_string().contains("time limit"), "{err}");
+    let err = op("import pyop\ndef f(x):\n    raise pyop.OpTimeout('my own')")
+        .call(&[Arg::from(&scalar(0.0))])
+        .unwrap_err();
+    assert!(err.to_string().contains("my own"), "{err}");
+    assert!(
+        !err.to_string().contains("ran past its time limit"),
+        "{err}"
+    );
 }
 
 #[test]
