@@ -46,6 +46,15 @@ pub(crate) enum Refusal {
     NoMemory(String),
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::TooLarge => f.write_str("too many elements for any tensor"),
+            Refusal::NoMemory(msg) => f.write_str(msg),
+        }
+    }
+}
+
 /// Below this, an allocation is not checked first (it cannot abort for size alone).
 const CHECK_FROM: usize = 64 << 20;
 

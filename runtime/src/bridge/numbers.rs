@@ -54,9 +54,7 @@ pub(crate) enum ConversionError {
 impl From<crate::alloc::Refusal> for ConversionError {
     fn from(refusal: crate::alloc::Refusal) -> Self {
         match refusal {
-            crate::alloc::Refusal::TooLarge => {
-                ConversionError::Invalid("too many elements for any tensor".to_owned())
-            }
+            crate::alloc::Refusal::TooLarge => ConversionError::Invalid(refusal.to_string()),
             crate::alloc::Refusal::NoMemory(msg) => ConversionError::NoMemory(msg),
         }
     }

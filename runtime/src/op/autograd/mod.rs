@@ -87,14 +87,10 @@ pub(crate) fn attach(
         .chain(float_out.iter().map(|&j| outputs[j].elem_count()))
         .try_fold(0usize, |n, e| n.checked_add(e));
     crate::alloc::check(elems, f).map_err(|refusal| {
-        let msg = match refusal {
-            crate::alloc::Refusal::TooLarge => "too many elements for any tensor".to_owned(),
-            crate::alloc::Refusal::NoMemory(msg) => msg,
-        };
         crate::error::Error::op_failure(
             Some(op.name.as_str()),
             crate::error::ErrorKind::ResourceExhausted,
-            format!("MemoryError: the outputs, packed for the gradient: {msg}"),
+            format!("MemoryError: the outputs, packed for the gradient: {refusal}"),
         )
     })?;
     let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
