@@ -1079,7 +1079,7 @@ fn a_worker_out_of_step_is_replaced() {
          def f(x, forge):\n    \
          if forge:\n        \
          s = next(o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() >= 0)\n        \
-         h = json.dumps({'s': 'ok', 'arr': [0, 0, 4, '<f4', [1]], 'q': 0}).encode()\n        \
+         h = json.dumps({'q': 0, 'm': {'s': 'array', 'place': [0, 0, 4], 'dtype': '<f4', 'shape': [1], 'retained': False}}).encode()\n        \
          body = len(h).to_bytes(4, 'little') + h\n        \
          s.sendall(len(body).to_bytes(4, 'little') + body)\n    \
          return x + 1",

@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     gil_wait_ns: AtomicU64,
     gil_taken: AtomicU64,
     worker_ns: AtomicU64,
+    worker_bytes_in: AtomicU64,
+    worker_bytes_out: AtomicU64,
 }
 
 /// A snapshot of an op's counters.
@@ -34,6 +36,12 @@ pub struct OpStats {
     /// Time calls spent in worker processes (ops that run in a `WorkerPool`): from writing the
     /// inputs to the reply, waiting for a free worker included.
     pub worker_time: Duration,
+    /// Bytes calls copied into worker processes' shared memory (inputs), as
+    /// [`PoolStats::bytes_in`](crate::PoolStats::bytes_in) counts them for the op's calls.
+    pub worker_bytes_in: u64,
+    /// Bytes worker processes copied into shared memory for this op's results (none for a
+    /// returned input, a view of one, or an `out` buffer: those are read where they lie).
+    pub worker_bytes_out: u64,
 }
 
 impl Counters {
@@ -57,6 +65,12 @@ impl Counters {
         self.worker_ns.fetch_add(took.as_nanos() as u64, Relaxed);
     }
 
+    /// Adds the bytes one call copied into and out of a worker's shared memory.
+    pub(crate) fn record_worker_bytes(&self, copied_in: u64, copied_out: u64) {
+        self.worker_bytes_in.fetch_add(copied_in, Relaxed);
+        self.worker_bytes_out.fetch_add(copied_out, Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> OpStats {
         OpStats {
             calls: self.calls.load(Relaxed),
@@ -65,6 +79,8 @@ impl Counters {
             gil_wait: Duration::from_nanos(self.gil_wait_ns.load(Relaxed)),
             gil_acquisitions: self.gil_taken.load(Relaxed),
             worker_time: Duration::from_nanos(self.worker_ns.load(Relaxed)),
+            worker_bytes_in: self.worker_bytes_in.load(Relaxed),
+            worker_bytes_out: self.worker_bytes_out.load(Relaxed),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::gradient::{Gradient, RustGradient};
-use super::workers::Workers;
+use super::worker_call::load::Workers;
 use super::{offers_out, OpInner, PyOp};
 use crate::body::source::{self, Source};
 use crate::bridge::prepare::Passing;

@@ -7,7 +7,6 @@ use candle_core::{Device, Tensor};
 use pyo3::prelude::*;
 
 use super::autograd;
-use super::workers::{out_shapes, Group, WireInputs, WorkerCall, Workers};
 use super::{CallOptions, OpInner, PyOp};
 use crate::arg::Arg;
 use crate::bridge::args::{call, python_args, Lists};
@@ -129,59 +128,12 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
 impl OpInner {
     /// The outputs of this call: those declared with an argument's dtype (`tout = x.dtype`) get
     /// it now (in numpy mode that input was checked to be a dtype NumPy holds).
-    fn resolved_tout<'t>(&'t self, args: &[Arg<'_>]) -> Result<std::borrow::Cow<'t, [OutSpec]>> {
+    pub(super) fn resolved_tout<'t>(
+        &'t self,
+        args: &[Arg<'_>],
+    ) -> Result<std::borrow::Cow<'t, [OutSpec]>> {
         OutSpec::resolve(&self.tout, args).map_err(|msg| {
             Error::op_failure(Some(self.name.as_str()), ErrorKind::InvalidArgument, msg)
-        })
-    }
-
-    /// The body's part of a forward call run in a worker process: the inputs written to its
-    /// shared memory and the request sent without the GIL, then, with it, the one output check
-    /// on what the worker returned (or the `out` buffers it wrote).
-    fn run_in_worker(
-        &self,
-        workers: &Workers,
-        args: &[Arg<'_>],
-        prepared: &[Prepared],
-        device: &Device,
-        timeout: Option<Duration>,
-        span: &tracing::Span,
-    ) -> Result<Outputs> {
-        let op = self;
-        let tout = op.failed_before_python(op.resolved_tout(args))?;
-        // Hot reload may have given the body a new source, and an `out` parameter or taken it
-        // away.
-        let (reloaded, accepts_out) = op.worker_body_now();
-        let outs = if accepts_out {
-            out_shapes(&tout, args)
-        } else {
-            None
-        };
-        let inputs = op.failed_before_python(WireInputs::new(prepared))?;
-        let started = std::time::Instant::now();
-        let answer = op.failed_before_python(op.call_in_worker(
-            workers,
-            WorkerCall {
-                function: &op.function,
-                inputs: &inputs,
-                groups: &[(args, Group::List)],
-                outs: outs.as_deref(),
-                timeout,
-                reloaded,
-            },
-        ))?;
-        op.counters.record_worker(started.elapsed());
-        span.record("worker", answer.worker);
-        op.run_python(device, |py| {
-            crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
-            let check = OutputCheck {
-                op: &op.name,
-                tout: &tout,
-                device,
-                role: Role::Output,
-                args,
-            };
-            op.worker_outputs(py, &answer, &check, outs.as_deref())
         })
     }
 

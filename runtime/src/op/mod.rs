@@ -7,7 +7,7 @@ pub(crate) mod builder;
 pub(crate) mod call;
 pub(crate) mod gradient;
 pub(crate) mod run;
-pub(crate) mod workers;
+pub(crate) mod worker_call;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +44,7 @@ pub(crate) struct OpInner {
     function: String,
     gradient_name: Option<String>,
     /// The pool the body runs in, when it runs in worker processes.
-    pub(crate) workers: Option<workers::Workers>,
+    pub(crate) workers: Option<worker_call::load::Workers>,
     pub counters: Counters,
     /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
     owns_lines: bool,

@@ -3,95 +3,29 @@
 //! crashes or hangs in C code fails only its own call, and a time limit always holds (the worker
 //! is killed).
 //!
-//! Plain Rust: the pool, the processes (`process`), shared memory (`arena`) and the frames on the
-//! socket (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`),
-//! and the call itself the op's (`op::workers`).
+//! Plain Rust: the pool (here), the processes (`process`), the one protocol (`protocol`), what a
+//! call and a start say in Rust (`exchange`), shared memory (`arena`) and the frames on the socket
+//! (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`), and the
+//! call itself the op's (`op::worker`).
 
 #[cfg(target_os = "linux")]
 pub(crate) mod arena;
+pub(crate) mod exchange;
 #[cfg(target_os = "linux")]
 pub(crate) mod process;
 #[cfg(not(target_os = "linux"))]
 #[path = "unsupported.rs"]
 pub(crate) mod process;
+pub(crate) mod protocol;
 #[cfg(target_os = "linux")]
 pub(crate) mod wire;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use memmap2::MmapRaw;
+use exchange::{Launch, StartError};
 use process::Worker;
-
-/// How workers are started: the interpreter the program embeds (its installation's `python`),
-/// the embedded interpreter's `sys.path` (so imports resolve as they do in the program), and the
-/// embedded-package importer's code.
-#[derive(Clone, Debug)]
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) struct Launch {
-    pub python: PathBuf,
-    pub sys_path: Vec<String>,
-    /// The environment's `site-packages`, whose `.pth` files a worker runs as the program did.
-    pub site_packages: Option<PathBuf>,
-    pub importer: &'static str,
-    /// The embedded interpreter's `[major, minor]`: a worker of another version refuses to
-    /// start (the program's `sys.path` holds that version's standard library).
-    pub version: [u32; 2],
-    /// The environment, for messages (`PythonEnv::describe`).
-    pub describe: String,
-    /// The command that installs NumPy there.
-    pub pip_numpy: String,
-}
-
-/// Why a worker could not start.
-#[derive(Debug)]
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) enum StartError {
-    /// NumPy cannot be imported there: the exception, as `Type: message`.
-    NoNumpy(String),
-    /// Anything else, said in full.
-    Failed(String),
-}
-
-/// How long loading a body's module in a worker may take (its imports: NumPy is already there,
-/// a large library may not be).
-pub(crate) const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Why a call got no reply.
-#[derive(Debug)]
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) enum Failure {
-    /// Past the deadline (the call's, or loading the body's); the worker was killed.
-    TimedOut { loading: bool },
-    /// The worker died: how (`exited with status 3`, `was killed by signal 11 (SIGSEGV)`), and
-    /// whether while loading the body rather than running it.
-    Lost { how: String, loading: bool },
-}
-
-/// A worker's reply: its header, its pickle, and the arenas its buffers are in (kept mapped for
-/// as long as the reply, or a view of it, lives).
-pub(crate) struct Reply {
-    pub header: serde_json::Value,
-    pub payload: Vec<u8>,
-    /// `None` for a reply that names no shared memory (a failed load's).
-    pub input: Option<Arc<MmapRaw>>,
-    pub result: Option<Arc<MmapRaw>>,
-}
-
-/// One request: the call's JSON, the inputs to write first, and the input arena's size needed.
-pub(crate) struct Request<'a> {
-    pub call: serde_json::Value,
-    pub inputs: Vec<(usize, &'a [u8])>,
-    pub arena_len: usize,
-    /// The module's key and the message that loads it (JSON text), sent if this worker has not
-    /// loaded it.
-    pub load: Option<(String, Arc<str>)>,
-    /// The call's time limit, counted from when the call is sent: starting a worker and loading
-    /// the body have limits of their own.
-    pub timeout: Option<Duration>,
-}
 
 /// A pool of Python worker processes that numpy-mode ops run their bodies in.
 ///
@@ -133,6 +67,8 @@ pub(crate) struct PoolInner {
     lost: AtomicU64,
     timed_out: AtomicU64,
     calls: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
 }
 
 struct PoolState {
@@ -163,20 +99,13 @@ pub struct PoolStats {
     pub timed_out: u64,
     /// Calls (bodies, gradients and checks) run in the pool's workers.
     pub calls: u64,
-}
-
-/// Where each of `sizes` goes in an arena, 64-byte aligned, and the bytes needed in all.
-pub(crate) fn layout(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
-    let mut end = 0usize;
-    let offsets = sizes
-        .into_iter()
-        .map(|n| {
-            let at = end.next_multiple_of(64);
-            end = at + n;
-            at
-        })
-        .collect();
-    (offsets, end)
+    /// Bytes the program copied into its workers' shared memory for their calls (inputs; `out`
+    /// buffers are not copied in).
+    pub bytes_in: u64,
+    /// Bytes the workers copied into shared memory for the program to read: results not already
+    /// there. A returned input, a view of one, or an `out` buffer is named where it lies and adds
+    /// nothing; what the output check then copies into candle memory is not counted.
+    pub bytes_out: u64,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -193,15 +122,7 @@ impl WorkerPool {
     /// them that the program's own environment does not set, as joblib's process pools do: the
     /// CPUs the program may use divided by the pool's size, at least 1. Without them, each
     /// worker's OpenBLAS would start a thread per core, and N workers would run N per core.
-    pub const THREAD_VARS: [&'static str; 7] = [
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "BLIS_NUM_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-        "NUMEXPR_NUM_THREADS",
-        "NUMBA_NUM_THREADS",
-    ];
+    pub const THREAD_VARS: [&'static str; 7] = exchange::THREAD_VARS;
 
     /// A pool of at most `size` workers (at least one), none started yet.
     pub fn new(size: usize) -> WorkerPool {
@@ -219,6 +140,8 @@ impl WorkerPool {
                 lost: AtomicU64::new(0),
                 timed_out: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
+                bytes_in: AtomicU64::new(0),
+                bytes_out: AtomicU64::new(0),
             }),
         }
     }
@@ -262,6 +185,8 @@ impl WorkerPool {
             lost: p.lost.load(Relaxed),
             timed_out: p.timed_out.load(Relaxed),
             calls: p.calls.load(Relaxed),
+            bytes_in: p.bytes_in.load(Relaxed),
+            bytes_out: p.bytes_out.load(Relaxed),
         }
     }
 
@@ -428,6 +353,12 @@ impl Lease {
         self.pool.calls.fetch_add(1, Relaxed);
     }
 
+    /// Counts the bytes one call copied into and out of this worker's shared memory.
+    pub(crate) fn count_bytes(&self, copied_in: u64, copied_out: u64) {
+        self.pool.bytes_in.fetch_add(copied_in, Relaxed);
+        self.pool.bytes_out.fetch_add(copied_out, Relaxed);
+    }
+
     /// The call killed or lost the worker: it is not returned, and a new one may start.
     pub(crate) fn discard(mut self, timed_out: bool) {
         let counter = if timed_out {
@@ -445,9 +376,16 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(w) = self.worker.take() {
+        let Some(w) = self.worker.take() else { return };
+        if std::thread::panicking() {
+            // Dropped while unwinding: the call may have stopped anywhere between its request and
+            // its reply, so the worker may be out of step. It is ended, not reused.
+            self.pool.lost.fetch_add(1, Relaxed);
+            drop(w);
+            self.pool.lock().live -= 1;
+        } else {
             self.pool.lock().idle.push(w);
-            self.pool.freed.notify_one();
         }
+        self.pool.freed.notify_one();
     }
 }

@@ -1,8 +1,8 @@
 //! One worker process: started with the program's interpreter, fed over a socket pair, its
 //! arenas, one call at a time, killed on a time limit, and always reaped.
 
-use std::collections::HashSet;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,20 +11,54 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::arena::Arena;
+use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
+use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
+use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
 use super::wire::{self, RecvError};
-use super::{Failure, Launch, Reply, Request, StartError, WorkerPool};
 
 /// The worker's main loop, sent to it at start.
 const WORKER_PY: &str = include_str!("worker.py");
 
-/// What `python -c` runs: read the main loop's text from fd 3, run it under pyop's frame name.
-const BOOTSTRAP: &str = "import socket\n\
-k = socket.socket(fileno=3)\n\
-n = int.from_bytes(k.recv(4, socket.MSG_WAITALL), 'little')\n\
-b = bytearray()\n\
-while len(b) < n:\n    c = k.recv(n - len(b))\n    if not c: raise SystemExit(0)\n    b += c\n\
-k.detach()\n\
-exec(compile(bytes(b), '<pyop>', 'exec'), {'__name__': '__pyop_worker__'})\n";
+/// What `python -c` runs, for a program embedding Python `version`: first the program's
+/// `sys.path` (its command line's arguments) replaces the worker's, before any import, so nothing
+/// is imported from the current directory (which `-c` puts first) or from anywhere the program
+/// would not import it; then the main loop's text is read from fd 3 and run under pyop's frame
+/// name. A worker of another version keeps its own path (less the current directory) and says
+/// so (`wrong_version`).
+fn bootstrap(version: [u32; 2]) -> String {
+    format!(
+        "import sys\n\
+         if sys.version_info[:2] == ({}, {}):\n    sys.path[:] = sys.argv[1:]\n\
+         else:\n    sys.path[:] = [p for p in sys.path if p]\n\
+         import socket\n\
+         k = socket.socket(fileno=3)\n\
+         n = int.from_bytes(k.recv(4, socket.MSG_WAITALL), 'little')\n\
+         b = bytearray()\n\
+         while len(b) < n:\n    c = k.recv(n - len(b))\n    if not c: raise SystemExit(0)\n    b += c\n\
+         k.detach()\n\
+         exec(compile(bytes(b), '<pyop>', 'exec'), {{'__name__': '__pyop_worker__'}})\n",
+        version[0], version[1]
+    )
+}
+
+/// The read end of the pipe every worker's guardian waits on (its fd 4); the program holds the
+/// only write end, close-on-exec, for its whole life, so the guardian reads end-of-file exactly
+/// when the program has ended, however it ended, and kills its worker's process group.
+fn guardian_pipe() -> std::io::Result<RawFd> {
+    static PIPE: OnceLock<Option<(OwnedFd, OwnedFd)>> = OnceLock::new();
+    let pipe = PIPE.get_or_init(|| {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return None;
+        }
+        // SAFETY: both descriptors were just made and are owned by nothing else.
+        Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    });
+    pipe.as_ref()
+        .map(|(read, _write)| read.as_raw_fd())
+        .ok_or_else(|| std::io::Error::other("cannot make the workers' guardian pipe"))
+}
 
 /// How long a worker may take to start (the interpreter and NumPy).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -46,10 +80,10 @@ pub(crate) struct Worker {
     result: Option<Arena>,
     /// Calls in a row that used under a quarter of each arena.
     small_calls: [u32; 2],
-    loaded: HashSet<String>,
+    loaded: HashSet<ModuleKey>,
     /// Modules that failed to load here, with the reply that said so: a call does not run a
     /// failing module's top level again (the program runs it once, at `build()`).
-    failed_loads: std::collections::HashMap<String, (serde_json::Value, Vec<u8>)>,
+    failed_loads: HashMap<ModuleKey, Reply>,
     /// Whether the process has been waited for (after which its id may name another process).
     reaped: bool,
     /// Whether the exchange under way is loading a body (for what a failure is called).
@@ -61,7 +95,7 @@ pub(crate) struct Worker {
 /// Why an exchange ended without a reply.
 enum Broken {
     Recv(RecvError),
-    /// The worker sent something out of step: it is killed.
+    /// The worker sent something out of step or malformed: it is killed.
     Protocol(String),
 }
 
@@ -71,24 +105,41 @@ impl From<RecvError> for Broken {
     }
 }
 
+impl From<ProtocolError> for Broken {
+    fn from(e: ProtocolError) -> Self {
+        Broken::Protocol(e.to_string())
+    }
+}
+
+fn io(e: std::io::Error) -> Broken {
+    Broken::Recv(RecvError::Io(e))
+}
+
+fn unexpected(reply: &Reply, doing: &str) -> Broken {
+    Broken::Protocol(unexpected_text(reply, doing))
+}
+
 impl Worker {
     /// Starts worker `id` and waits until it is ready (its interpreter and NumPy imported).
     /// `threads` sizes its BLAS and OpenMP thread pools where the program's environment does not
-    /// ([`WorkerPool::THREAD_VARS`]).
+    /// ([`THREAD_VARS`]).
     pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
         let failed = |what: &str, e: std::io::Error| {
             StartError::Failed(format!("{what} {}: {e}", launch.python.display()))
         };
         let (sock, theirs) =
             UnixStream::pair().map_err(|e| failed("cannot make a socket for", e))?;
+        let guard = guardian_pipe().map_err(|e| failed("cannot start", e))?;
         let mut cmd = Command::new(&launch.python);
         cmd.arg("-c")
-            .arg(BOOTSTRAP)
+            .arg(bootstrap(launch.version))
+            .args(&launch.sys_path)
             .stdin(Stdio::null())
-            // Its own process group: Ctrl-C in a terminal is the program's to handle.
+            // Its own process group: Ctrl-C in a terminal is the program's to handle, and the
+            // group is what is killed with it.
             .process_group(0);
         let threads = threads.to_string();
-        for var in WorkerPool::THREAD_VARS {
+        for var in THREAD_VARS {
             if std::env::var_os(var).is_none() {
                 cmd.env(var, &threads);
             }
@@ -96,21 +147,24 @@ impl Worker {
         let fd = theirs.as_raw_fd();
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs in the forked child before exec and calls only
-        // async-signal-safe functions (dup2, fcntl, prctl, getppid, _exit); it allocates nothing.
+        // async-signal-safe functions (fcntl, dup2, close, prctl, getppid, _exit); it allocates
+        // nothing.
         unsafe {
             cmd.pre_exec(move || {
-                if fd == 3 {
-                    // dup2 onto itself would keep close-on-exec.
-                    if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(fd, 3) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                let err = || Err(std::io::Error::last_os_error());
+                // Both copied above 4 first, so neither dup2 below overwrites the other's source;
+                // dup2's copies are not close-on-exec.
+                let s = libc::fcntl(fd, libc::F_DUPFD, 10);
+                let g = libc::fcntl(guard, libc::F_DUPFD, 10);
+                if s < 0 || g < 0 || libc::dup2(s, 3) < 0 || libc::dup2(g, 4) < 0 {
+                    return err();
                 }
+                libc::close(s);
+                libc::close(g);
                 // Killed when the thread that started it ends: that is the spawner thread, which
                 // lives as long as the program.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                    return err();
                 }
                 // The program may have died between fork and prctl.
                 if libc::getppid() != parent {
@@ -135,67 +189,73 @@ impl Worker {
             result: None,
             small_calls: [0; 2],
             loaded: HashSet::new(),
-            failed_loads: std::collections::HashMap::new(),
+            failed_loads: HashMap::new(),
             reaped: false,
             loading: false,
             seq: 0,
         };
-        let init = serde_json::json!({
-            "sys_path": launch.sys_path,
-            "site_packages": launch.site_packages,
-            "importer": launch.importer,
-            "version": launch.version,
-        });
-        let deadline = Some(Instant::now() + START_TIMEOUT);
+        let init = protocol::frame(
+            0,
+            &Request::Init {
+                site_packages: launch.site_packages.as_deref(),
+                importer: launch.importer,
+                version: launch.version,
+            },
+        );
+        let deadline = Instant::now().checked_add(START_TIMEOUT);
         let sent = wire::send(&worker.sock, WORKER_PY.as_bytes(), &[])
-            .and_then(|()| wire::send(&worker.sock, init.to_string().as_bytes(), &[]));
+            .and_then(|()| wire::send(&worker.sock, &init, &[]));
         let reply = match sent {
-            Ok(()) => wire::recv(&worker.sock, deadline, worker.alive()),
-            Err(_) => Err(RecvError::Closed),
+            Ok(()) => worker.reply(deadline),
+            Err(_) => Err(Broken::Recv(RecvError::Closed)),
         };
-        let header = match reply.map(wire::split_reply) {
-            Ok(Ok((header, _))) => header,
-            Ok(Err(e)) => return Err(StartError::Failed(e.to_string())),
-            Err(RecvError::TimedOut) => {
-                worker.kill();
-                return Err(StartError::Failed(format!(
-                    "{} did not start within {} s",
-                    launch.python.display(),
-                    START_TIMEOUT.as_secs()
-                )));
+        let python = launch.python.display();
+        match reply {
+            Ok((Reply::Ready { pid, python, numpy }, _)) => {
+                tracing::debug!(worker = id, pid, python, numpy, "pyop worker ready");
+                Ok(worker)
             }
-            Err(RecvError::Closed) | Err(RecvError::Io(_)) => {
-                let how = worker.reap();
-                return Err(StartError::Failed(format!(
-                    "{} {how} while starting (its own output, above, says why)",
-                    launch.python.display()
-                )));
-            }
-        };
-        if let Some(theirs) = header["version"].as_str() {
-            let ours = format!("{}.{}", launch.version[0], launch.version[1]);
-            return Err(StartError::Failed(format!(
-                "{} is Python {theirs}, but the program embeds Python {ours}: workers run the \
-                 program's own interpreter (unset PYOP_WORKER_PYTHON, or point it at a \
-                 python{ours})",
-                launch.python.display()
-            )));
-        }
-        if header["s"] == "err" {
-            let exc = &header["exc"];
-            return Err(StartError::NoNumpy(format!(
+            Ok((Reply::WrongVersion { version }, _)) => Err(StartError::Failed(format!(
+                "{python} is Python {version}, but the program embeds Python {}.{}: workers run \
+                 the program's own interpreter (unset PYOP_WORKER_PYTHON, or point it at a \
+                 python{0}.{1})",
+                launch.version[0], launch.version[1]
+            ))),
+            Ok((Reply::NoNumpy { exc }, _)) => Err(StartError::NoNumpy(format!(
                 "{}: {}",
-                exc["type"].as_str().unwrap_or("ImportError"),
-                exc["message"].as_str().unwrap_or_default()
-            )));
+                exc.type_name, exc.message
+            ))),
+            Ok((other, _)) => {
+                worker.kill();
+                Err(StartError::Failed(format!(
+                    "{python} {}",
+                    unexpected_text(&other, "its start")
+                )))
+            }
+            Err(Broken::Protocol(what)) => {
+                worker.kill();
+                Err(StartError::Failed(format!("{python} {what}")))
+            }
+            Err(Broken::Recv(RecvError::TimedOut)) => {
+                worker.kill();
+                Err(StartError::Failed(format!(
+                    "{python} did not start within {} s",
+                    START_TIMEOUT.as_secs()
+                )))
+            }
+            Err(Broken::Recv(RecvError::Closed | RecvError::Io(_))) => {
+                let how = worker.reap();
+                Err(StartError::Failed(format!(
+                    "{python} {how} while starting (its own output, above, says why)"
+                )))
+            }
         }
-        Ok(worker)
     }
 
-    /// Runs one request. On a time limit the worker is killed; on either failure it is gone,
+    /// Runs one call. On a time limit the worker is killed; on either failure it is gone,
     /// reaped, and the caller drops it.
-    pub(crate) fn call(&mut self, req: Request<'_>) -> Result<Reply, Failure> {
-        let result = self.exchange(req);
+    pub(crate) fn call(&mut self, ex: Exchange<'_>) -> Result<Answered, Failure> {
+        let result = self.exchange(ex);
         self.failure(result)
     }
 
@@ -221,95 +281,99 @@ impl Worker {
         }
     }
 
-    /// A frame with this worker's next sequence number added.
-    fn next_frame(&mut self, mut msg: serde_json::Value) -> Vec<u8> {
+    /// Sends `frame` as the next request (`with_seq` gives it its number).
+    fn request(&mut self, frame: impl FnOnce(u64) -> Vec<u8>) -> Result<(), Broken> {
         self.seq += 1;
-        msg["q"] = self.seq.into();
-        msg.to_string().into_bytes()
+        wire::send(&self.sock, &frame(self.seq), &[]).map_err(io)
     }
 
     /// Receives the reply to the last request, checking that it is that request's.
-    fn reply(&mut self, deadline: Option<Instant>) -> Result<(serde_json::Value, Vec<u8>), Broken> {
+    fn reply(&mut self, deadline: Option<Instant>) -> Result<(Reply, Vec<u8>), Broken> {
         let frame = wire::recv(&self.sock, deadline, self.alive())?;
-        let (header, payload) = wire::split_reply(frame)
-            .map_err(|_| Broken::Protocol("sent a malformed reply".to_owned()))?;
-        if header["q"].as_u64() != Some(self.seq) {
+        let (q, reply, payload) = protocol::decode(frame)?;
+        if q != self.seq {
             return Err(Broken::Protocol(
                 "sent a reply to another request than the one it was given".to_owned(),
             ));
         }
-        Ok((header, payload))
+        Ok((reply, payload))
     }
 
-    /// Loads the body whose load request is `load` under `key`, unless it is loaded: with its own
-    /// limit (a body's time limit is its calls'), once per worker whether it loads or fails (a
-    /// failed load's reply is kept and given again). `Some` is that failed reply.
-    fn ensure_loaded(
-        &mut self,
-        key: &str,
-        load: &str,
-    ) -> Result<Option<(serde_json::Value, Vec<u8>)>, Broken> {
-        if let Some(reply) = self.failed_loads.get(key) {
+    /// Loads the module `load` names, unless it is loaded: with its own limit (a body's time
+    /// limit is its calls'), once per worker whether it loads or fails (a failed load's reply is
+    /// kept and given again). `Some` is that failed reply.
+    fn ensure_loaded(&mut self, load: &Load) -> Result<Option<Reply>, Broken> {
+        if let Some(reply) = self.failed_loads.get(&load.key) {
             return Ok(Some(reply.clone()));
         }
-        if self.loaded.contains(key) {
+        if self.loaded.contains(&load.key) {
             return Ok(None);
         }
         self.loading = true;
-        self.seq += 1;
-        let frame = format!("{{\"q\":{},{}", self.seq, &load[1..]);
-        wire::send(&self.sock, frame.as_bytes(), &[])
-            .map_err(|e| Broken::Recv(RecvError::Io(e)))?;
-        let (header, payload) = self.reply(Some(Instant::now() + super::LOAD_TIMEOUT))?;
+        self.request(|seq| protocol::with_seq(seq, &load.message))?;
+        let (reply, _) = self.reply(Instant::now().checked_add(LOAD_TIMEOUT))?;
         self.loading = false;
         // An earlier generation of this op's module (hot reload) is gone there.
-        let base = key.rsplit_once('.').map_or(key, |(b, _)| b);
-        self.loaded
-            .retain(|k| k.rsplit_once('.').is_none_or(|(b, _)| b != base));
-        if header["s"] == "ok" {
-            self.loaded.insert(key.to_owned());
-            Ok(None)
-        } else {
-            self.failed_loads
-                .insert(key.to_owned(), (header.clone(), payload.clone()));
-            Ok(Some((header, payload)))
+        self.loaded.retain(|k| k.base != load.key.base);
+        match reply {
+            Reply::Loaded {} => {
+                self.loaded.insert(load.key.clone());
+                Ok(None)
+            }
+            failed @ Reply::LoadFailed { .. } => {
+                self.failed_loads.insert(load.key.clone(), failed.clone());
+                Ok(Some(failed))
+            }
+            other => Err(unexpected(&other, "a load")),
         }
     }
 
-    fn exchange(&mut self, req: Request<'_>) -> Result<Reply, Broken> {
-        let io = |e| Broken::Recv(RecvError::Io(e));
-        if let Some((key, load)) = &req.load {
-            let failed = self.ensure_loaded(key, load)?;
-            if let Some((header, payload)) = failed {
-                return Ok(Reply {
-                    header,
-                    payload,
-                    input: None,
-                    result: None,
-                });
-            }
+    fn exchange(&mut self, ex: Exchange<'_>) -> Result<Answered, Broken> {
+        if let Some(reply) = self.ensure_loaded(&ex.load)? {
+            return Ok(Answered {
+                reply,
+                payload: Vec::new(),
+                input: None,
+                result: None,
+                copied_in: 0,
+                copied_out: 0,
+            });
         }
-        let input = self.input_arena(req.arena_len).map_err(io)?;
-        for (offset, bytes) in &req.inputs {
+        let input = self.input_arena(ex.arena_len).map_err(io)?;
+        let mut copied_in = 0u64;
+        for (offset, bytes) in &ex.inputs {
             // SAFETY: the worker is between calls (it reads the arena only while running one,
             // and that call's reply came before this request).
             unsafe { input.write(*offset, bytes) };
+            copied_in += bytes.len() as u64;
         }
-        let frame = self.next_frame(req.call);
-        wire::send(&self.sock, &frame, &[]).map_err(io)?;
-        let deadline = req.timeout.map(|t| Instant::now() + t);
+        let input_len = input.len();
+        self.request(|seq| protocol::with_seq(seq, &ex.call))?;
+        // `Duration::MAX` (or any limit past what `Instant` holds): no limit.
+        let deadline = ex.timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            let (header, payload) = self.reply(deadline)?;
-            if header["s"] == "need" {
-                let need = header["need"].as_u64().unwrap_or(0) as usize;
-                let arena = Arena::with_room_for(need).map_err(io)?;
-                self.send_arena(1, &arena).map_err(io)?;
-                self.result = Some(arena);
-                self.small_calls[1] = 0;
-                continue;
-            }
+            let (reply, payload) = self.reply(deadline)?;
+            let result_len = self.result.as_ref().map_or(0, Arena::len);
+            let checked = reply.check([input_len, result_len], ex.outs.as_deref())?;
+            let retained = match &reply {
+                Reply::Need { need } => {
+                    let need = usize::try_from(*need).map_err(|_| {
+                        Broken::Protocol("sent a reply whose `need` does not fit".to_owned())
+                    })?;
+                    let arena = Arena::with_room_for(need).map_err(io)?;
+                    self.send_arena(1, &arena).map_err(io)?;
+                    self.result = Some(arena);
+                    self.small_calls[1] = 0;
+                    continue;
+                }
+                Reply::Array { retained, .. }
+                | Reply::Pickled { retained, .. }
+                | Reply::Wrote { retained, .. }
+                | Reply::Raised { retained, .. } => *retained,
+                other => return Err(unexpected(other, "a call")),
+            };
             let input = Arc::clone(self.input.as_ref().expect("made above").map());
-            if header["retained"] == true {
+            if retained {
                 // The body kept a view of this arena: the next call gets a fresh one, and this
                 // one lives on in the worker for as long as what it kept.
                 self.input = None;
@@ -317,13 +381,14 @@ impl Worker {
             // The reply keeps the arenas this call's values are in; a result arena replaced for
             // being too large (below) is replaced after that, for the next call.
             let result = self.result.as_ref().map(|a| Arc::clone(a.map()));
-            let used = result_bytes(&header);
-            self.note_use(1, used);
-            return Ok(Reply {
-                header,
+            self.note_use(1, checked.copied_out as usize);
+            return Ok(Answered {
+                reply,
                 payload,
                 input: Some(input),
                 result,
+                copied_in,
+                copied_out: checked.copied_out,
             });
         }
     }
@@ -372,24 +437,27 @@ impl Worker {
         }
     }
 
-    /// Sends a plain request and waits up to `limit` for its reply header (a `ping`), loading
-    /// the body first (with the load's own limit).
+    /// Asks the module `load` names which of `fns` it lacks (a `ping`), loading it first (with
+    /// the load's own limit), and waits up to `limit`: `Pong`, or the load's failure.
     pub(crate) fn ask(
         &mut self,
-        load: Option<(String, Arc<str>)>,
-        request: serde_json::Value,
+        load: &Load,
+        fns: &[&str],
         limit: Duration,
-    ) -> Result<serde_json::Value, Failure> {
-        let run = |w: &mut Worker| -> Result<serde_json::Value, Broken> {
-            let io = |e| Broken::Recv(RecvError::Io(e));
-            if let Some((key, load)) = &load {
-                if let Some((header, _)) = w.ensure_loaded(key, load)? {
-                    return Ok(header);
-                }
+    ) -> Result<Reply, Failure> {
+        let run = |w: &mut Worker| -> Result<Reply, Broken> {
+            if let Some(failed) = w.ensure_loaded(load)? {
+                return Ok(failed);
             }
-            let frame = w.next_frame(request);
-            wire::send(&w.sock, &frame, &[]).map_err(io)?;
-            Ok(w.reply(Some(Instant::now() + limit))?.0)
+            let ping = Request::Ping {
+                key: &load.key,
+                fns,
+            };
+            w.request(|seq| protocol::frame(seq, &ping))?;
+            match w.reply(Instant::now().checked_add(limit))?.0 {
+                pong @ Reply::Pong { .. } => Ok(pong),
+                other => Err(unexpected(&other, "a ping")),
+            }
         };
         let result = run(self);
         self.failure(result)
@@ -413,9 +481,16 @@ impl Worker {
         self.pidfd.as_ref().map(|fd| fd.as_fd())
     }
 
+    /// Sends an arena (never answered: it keeps the sequence number of the request it serves).
     fn send_arena(&self, which: u8, arena: &Arena) -> std::io::Result<()> {
-        let msg = serde_json::json!({"op": "arena", "which": which, "size": arena.len()});
-        wire::send(&self.sock, msg.to_string().as_bytes(), &[arena.fd()])
+        let msg = protocol::frame(
+            self.seq,
+            &Request::Arena {
+                which,
+                size: arena.len(),
+            },
+        );
+        wire::send(&self.sock, &msg, &[arena.fd()])
     }
 
     /// Kills the worker's whole process group (the worker and what its bodies started) before
@@ -463,24 +538,8 @@ impl Worker {
     }
 }
 
-/// Bytes of the result arena a reply's values use.
-fn result_bytes(header: &serde_json::Value) -> usize {
-    let in_result = |b: &serde_json::Value| {
-        if b[0] == 1 {
-            b[2].as_u64().unwrap_or(0) as usize
-        } else {
-            0
-        }
-    };
-    let listed = |k: &str| -> usize {
-        header[k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(in_result)
-            .sum()
-    };
-    listed("bufs") + listed("outs") + in_result(&header["arr"])
+fn unexpected_text(reply: &Reply, doing: &str) -> String {
+    format!("sent a `{}` reply to {doing}", reply.kind())
 }
 
 impl Drop for Worker {

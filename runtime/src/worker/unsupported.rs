@@ -1,9 +1,8 @@
 //! Worker processes where they are not supported (off Linux): the types the pool and the op use,
 //! and a start that always fails, saying why. Nothing else can run without a started worker.
 
-use std::sync::Arc;
-
-use super::{Failure, Launch, Reply, Request, StartError};
+use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
+use super::protocol::Reply;
 
 pub(crate) struct Worker {
     pub id: u64,
@@ -20,16 +19,16 @@ impl Worker {
         ))
     }
 
-    pub(crate) fn call(&mut self, _req: Request<'_>) -> Result<Reply, Failure> {
+    pub(crate) fn call(&mut self, _ex: Exchange<'_>) -> Result<Answered, Failure> {
         match self.never {}
     }
 
     pub(crate) fn ask(
         &mut self,
-        _load: Option<(String, Arc<str>)>,
-        _request: serde_json::Value,
+        _load: &Load,
+        _fns: &[&str],
         _limit: std::time::Duration,
-    ) -> Result<serde_json::Value, Failure> {
+    ) -> Result<Reply, Failure> {
         match self.never {}
     }
 

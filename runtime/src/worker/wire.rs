@@ -1,6 +1,6 @@
-//! Frames on the socket to a worker: a 4-byte little-endian length, then the frame. Requests are
-//! JSON (with file descriptors attached to their first bytes when an arena changes); replies are
-//! a JSON header and a pickle (see `worker.py`).
+//! Frames on the socket to a worker: a 4-byte little-endian length, then the frame (what a frame
+//! holds is `protocol`'s), with file descriptors attached to a frame's first bytes when an arena
+//! changes.
 
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -178,24 +178,6 @@ fn wait_readable(
     }
 }
 
-/// A reply split into its JSON header and its pickle.
-pub(crate) fn split_reply(frame: Vec<u8>) -> std::io::Result<(serde_json::Value, Vec<u8>)> {
-    let bad = || std::io::Error::other("a malformed reply from a worker");
-    let hlen = u32::from_le_bytes(
-        frame
-            .get(..4)
-            .ok_or_else(bad)?
-            .try_into()
-            .map_err(|_| bad())?,
-    ) as usize;
-    let header = frame.get(4..4 + hlen).ok_or_else(bad)?;
-    let header: serde_json::Value = serde_json::from_slice(header).map_err(|_| bad())?;
-    // The pickle moves to the front of the frame's own buffer: no second allocation.
-    let mut payload = frame;
-    payload.drain(..4 + hlen);
-    Ok((header, payload))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,16 +205,5 @@ mod tests {
         ));
         drop(a);
         assert!(matches!(recv(&b, None, None), Err(RecvError::Closed)));
-    }
-
-    #[test]
-    fn replies_split_into_header_and_pickle() {
-        let mut frame = 7u32.to_le_bytes().to_vec();
-        frame.extend_from_slice(b"{\"s\":1}");
-        frame.extend_from_slice(b"PICKLE");
-        let (h, p) = split_reply(frame).unwrap();
-        assert_eq!(h["s"], 1);
-        assert_eq!(p, b"PICKLE");
-        assert!(split_reply(vec![9, 0, 0, 0, b'{']).is_err());
     }
 }

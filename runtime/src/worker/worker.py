@@ -2,17 +2,40 @@
 # `python -c <bootstrap>`, which reads this file's text from fd 3 and runs it under the file
 # name `<pyop>` (its frames are left out of tracebacks, as in the program itself).
 #
-# Wire format, both ways: a 4-byte little-endian length, then the frame. Parent -> worker: JSON,
-# possibly with file descriptors (SCM_RIGHTS) attached to its first bytes. Worker -> parent: a
-# 4-byte little-endian header length, a JSON header, then a pickle (protocol 5) whose large
-# buffers live in shared memory, named by the header's "bufs": [arena, offset, length] with arena
-# 0 the input arena and 1 the result arena. Every reply echoes the request's sequence number
-# ("q"), so a reply can never be taken for another's.
+# The protocol is `runtime/src/worker/protocol.rs`: every message either way is a type there, and
+# this file builds and reads exactly those fields (`_REQUESTS` lists what each request has; a
+# request with other fields is a protocol error and the worker exits). Frames, both ways: a
+# 4-byte little-endian length, then the frame. Parent -> worker: `{"q": seq, "m": request}` in
+# JSON, possibly with a file descriptor (SCM_RIGHTS) attached to its first bytes. Worker ->
+# parent: a 4-byte little-endian header length, `{"q": seq, "m": reply}` in JSON, then a pickle
+# (protocol 5, only for a "pickled" reply) whose large buffers live in shared memory, named by
+# [arena, offset, length] with arena 0 the input arena and 1 the result arena. Every reply echoes
+# its request's sequence number, so a reply can never be taken for another's.
 #
 # The arenas are memfds the parent creates and sends: inputs (and `out` buffers) are written by
 # the parent into the input arena; results the body made are copied once into the result arena;
 # a result that is an input (or a view of one) is named where it is, not copied, unless the body
 # kept a view of its inputs (then it is copied, so the parent reads memory nothing can change).
+# Inputs are views of a read-only mapping of the input arena; only `out` buffers are views of a
+# writable one.
+
+import os
+
+# The guardian: a child that waits for the program's end (fd 4 is the read end of a pipe whose
+# only write end the program holds) and then kills this worker's whole process group, with
+# whatever processes its bodies started. The program kills the group itself whenever it ends a
+# worker; the guardian covers the program's own end, however it comes (return from main, exit, a
+# panic, a signal, SIGKILL), which a parent-death signal only covers for the worker itself.
+if os.fork() == 0:
+    try:
+        os.close(3)
+        while os.read(4, 1):
+            pass
+    except BaseException:  # noqa: BLE001 - whatever happens, the group goes
+        pass
+    os.killpg(0, 9)
+    os._exit(0)
+os.close(4)
 
 import json
 import linecache
@@ -97,28 +120,78 @@ def _recv_frame():
     if len(head) < 4:
         head += _recv_exact(4 - len(head))
     n = int.from_bytes(head, "little")
-    return json.loads(_recv_exact(n)), fds
+    frame = json.loads(_recv_exact(n))
+    if type(frame) is not dict or set(frame) != {"q", "m"} or type(frame["m"]) is not dict:
+        raise _ProtocolError("a frame is not {q, m}")
+    return frame["q"], _checked(frame["m"]), fds
+
+
+class _ProtocolError(Exception):
+    """A request this worker does not understand: it says so and exits."""
+
+
+# Every request and its exact fields (protocol.rs `Request`; a load's fields by its kind).
+_REQUESTS = {
+    "init": {"site_packages", "importer", "version"},
+    "arena": {"which", "size"},
+    "call": {"key", "function", "args", "out"},
+    "ping": {"key", "fns"},
+}
+_LOADS = {
+    "code": {"op_name", "text", "filename", "first_line"},
+    "file": {"op_name", "text", "filename"},
+    "module": {"name"},
+    "package": {"name", "root", "module", "files"},
+}
+
+
+def _checked(msg):
+    op = msg.get("op")
+    if op == "load":
+        fields = _LOADS.get(msg.get("kind"))
+        fields = None if fields is None else fields | {"key", "kind"}
+    else:
+        fields = _REQUESTS.get(op)
+    if fields is None or set(msg) != fields | {"op"}:
+        raise _ProtocolError("unexpected request %r with fields %s" % (op, sorted(msg)))
+    if "key" in msg:
+        key = msg["key"]
+        if type(key) is not dict or set(key) != {"base", "generation"}:
+            raise _ProtocolError("a module key is not {base, generation}")
+        msg["key"] = (key["base"], key["generation"])
+    return msg
 
 
 def _send(header, payload=b""):
     if _forked:
         os._exit(0)
-    header["q"] = _seq
-    h = json.dumps(header, separators=(",", ":")).encode()
+    h = json.dumps({"q": _seq, "m": header}, separators=(",", ":")).encode()
     body = len(h).to_bytes(4, "little") + h + payload
     _SOCK.sendall(len(body).to_bytes(4, "little") + body)
 
 
 class _Arena:
-    """A memfd mapped shared, read-write (the parent's input or result arena)."""
+    """A memfd mapped shared: read-write (`map`), and for the input arena read-only too (`ro`),
+    the mapping every input view is made of, so no body can write its inputs."""
 
-    def __init__(self, fd, size):
+    def __init__(self, fd, size, readonly_too):
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.ro = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if readonly_too else None
         os.close(fd)
         self.size = size
         self.view = memoryview(self.map)
-        # The mapping's address, to tell whether a result's buffer lies inside it.
-        self.addr = _np.frombuffer(self.map, dtype=_np.uint8, count=1).__array_interface__["data"][0]
+        # The mappings' addresses, to tell whether a result's buffer lies inside one.
+        self.addrs = [_address(m) for m in (self.map, self.ro) if m is not None]
+
+    def offset_of(self, addr, n):
+        for a in self.addrs:
+            if a <= addr and addr + n <= a + self.size:
+                return addr - a
+        return None
+
+
+def _address(m):
+    return _np.frombuffer(m, dtype=_np.uint8, count=1).__array_interface__["data"][0]
 
 
 _arenas = [None, None]
@@ -126,10 +199,23 @@ _modules = {}  # key -> module
 _np = None
 
 
+def _map_or_exit(which, fds, size):
+    # Never answered (the parent sends it between calls, or after a "need"); a worker that cannot
+    # map its memory cannot serve: it exits (status 71), and the parent replaces it.
+    if which not in (0, 1) or type(size) is not int:
+        raise _ProtocolError("an arena message names arena %r of size %r" % (which, size))
+    try:
+        _install_arena(which, fds, size)
+    except BaseException:  # noqa: BLE001
+        os._exit(71)
+
+
 def _install_arena(which, fds, size):
     # The old mapping is not closed: an array a body kept may still view it; it goes when the
     # last such array does.
-    _arenas[which] = _Arena(fds[0], size)
+    if len(fds) != 1:
+        raise _ProtocolError("an arena came with %d descriptors" % len(fds))
+    _arenas[which] = _Arena(fds[0], size, which == 0)
 
 
 # --- loading bodies ---------------------------------------------------------------------------
@@ -143,6 +229,10 @@ def _load(msg):
     """Loads a body's module and says whether it loaded (before any call's time limit runs)."""
     key = msg["key"]
     kind = msg["kind"]
+    # An earlier generation of the same op's module (hot reload) is not needed again; another
+    # op's module is never touched (bases are compared whole).
+    for old in [k for k in _modules if k[0] == key[0]]:
+        del _modules[old]
     try:
         if kind == "module":
             import importlib
@@ -154,7 +244,7 @@ def _load(msg):
         else:
             text = msg["text"]
             filename = msg["filename"]
-            first = msg.get("first_line", 1)
+            first = msg.get("first_line", 1)  # a file's text starts at its first line
             if first > 1:
                 text = "\n" * (first - 1) + text
             module = types.ModuleType("pyop_body_" + msg["op_name"])
@@ -163,50 +253,59 @@ def _load(msg):
                 _cache_lines(filename, text, first)
             exec(compile(text, filename, "exec"), module.__dict__)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        _send({"s": "err", "exc": _exception_info(e, "load")})
+        _send({"s": "load_failed", "exc": _exception_info(e, "load")})
         return
-    # An earlier generation of the same op's module (hot reload) is not needed again.
-    base = key.rsplit(".", 1)[0] + "."
-    for old in [k for k in _modules if k.startswith(base)]:
-        del _modules[old]
     _modules[key] = module
-    _send({"s": "ok"})
+    _send({"s": "loaded"})
 
 
 # --- arguments --------------------------------------------------------------------------------
 
 def _decode(v, views):
     if type(v) is dict:
-        if "t" in v:
-            off, dtype, shape = v["t"]
-            a = views.view(off, dtype, shape)
-            a.flags.writeable = False
-            return a
-        if "u" in v:
+        if set(v) == {"t"} and type(v["t"]) is dict and set(v["t"]) == {"at", "dtype", "shape", "strides"}:
+            t = v["t"]
+            return views.input(t["at"], t["dtype"], t["shape"], t["strides"])
+        if set(v) == {"u"}:
             return tuple(_decode(x, views) for x in v["u"])
-        if "f" in v:
+        if set(v) == {"f"} and v["f"] in ("nan", "inf", "-inf"):
             return float(v["f"])
-        raise ValueError("pyop worker: unknown argument encoding " + repr(v))
+        raise _ProtocolError("unknown argument encoding " + repr(v)[:200])
     if type(v) is list:
         return [_decode(x, views) for x in v]
     return v
 
 
 class _Views:
-    """The per-call array over the input arena that every input and `out` view is a view of, so
-    that whether the body kept one is known: every view NumPy derives from them (slices,
-    reshapes, memoryviews of them) holds this array."""
+    """The per-call arrays over the input arena that every input view (read-only, over the
+    read-only mapping) and `out` view (over the writable one) is a view of, so that whether the
+    body kept one is known: every view NumPy derives from them (slices, reshapes, memoryviews of
+    them) holds one of these arrays. The mappings themselves are counted too, so a body that keeps
+    `x.base.base` is seen."""
 
     def __init__(self):
-        self.base = _np.frombuffer(_arenas[0].map, dtype=_np.uint8)
+        arena = _arenas[0]
+        self.arena = arena
+        self.ro = _np.frombuffer(arena.ro, dtype=_np.uint8)
+        self.rw = None
+        self.counts = [sys.getrefcount(arena.ro), sys.getrefcount(arena.map)]
 
-    def view(self, off, dtype, shape):
+    def input(self, off, dtype, shape, strides):
+        return _np.ndarray(shape, _np.dtype(dtype), buffer=self.ro, offset=off, strides=strides)
+
+    def out(self, off, dtype, shape):
+        if self.rw is None:
+            self.rw = _np.frombuffer(self.arena.map, dtype=_np.uint8)
+            self.counts[1] += 1
         dt = _np.dtype(dtype)
-        return self.base[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
+        return self.rw[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
         # This object's own reference and getrefcount's argument.
-        return sys.getrefcount(self.base) > 2
+        return (sys.getrefcount(self.ro) > 2
+                or (self.rw is not None and sys.getrefcount(self.rw) > 2)
+                or sys.getrefcount(self.arena.ro) > self.counts[0]
+                or sys.getrefcount(self.arena.map) > self.counts[1])
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -214,9 +313,39 @@ class _Views:
 # Values sent as they are.
 _PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
           slice, range, type(None))
-# Subclasses of those (a namedtuple, an IntEnum) are sent as their base type, as the program's
-# output check reads them.
-_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset)
+
+
+# Subclasses of those (a namedtuple, an IntEnum) are sent as their base type, read as the
+# program's output check reads them: through the base type's own slots (the stored value), never
+# through a method the subclass may override (`__int__`, `__iter__`, `__str__`...).
+def _as_base(obj, t):
+    if issubclass(t, bool):
+        return bool(int.__int__(obj))
+    if issubclass(t, int):
+        return int.__int__(obj)
+    if issubclass(t, float):
+        return float.__float__(obj)
+    if issubclass(t, complex):
+        return complex(complex.__dict__["real"].__get__(obj), complex.__dict__["imag"].__get__(obj))
+    if issubclass(t, str):
+        return str.__str__(obj)
+    if issubclass(t, bytes):
+        return bytes.__getitem__(obj, slice(None))
+    if issubclass(t, bytearray):
+        return bytearray.__getitem__(obj, slice(None))
+    if issubclass(t, tuple):
+        return tuple.__getitem__(obj, slice(None))
+    if issubclass(t, list):
+        return list.__getitem__(obj, slice(None))
+    if issubclass(t, dict):
+        return dict(dict.items(obj))
+    if issubclass(t, frozenset):
+        return frozenset(frozenset.__iter__(obj))
+    if issubclass(t, set):
+        return set(set.__iter__(obj))
+    return None
+
+
 # The only classes and functions a reply's pickle may name: the plain types' constructors and
 # this module's own constructors of arrays, scalars and the values the output check refuses. No
 # NumPy reduce runs: an array travels as its dtype's string, its shape and its bytes, so the
@@ -256,48 +385,52 @@ class _Pickler(pickle.Pickler):
     """Pickles what the output check needs: arrays (subclasses as plain arrays, masked arrays
     with their masks), NumPy scalars, numbers, strings, lists, tuples and dicts. Anything else
     becomes a stand-in of the same type name, which the parent's check describes as it would
-    the object itself (and refuses as the in-process check would)."""
+    the object itself (and refuses as the in-process check would). Every value is read through
+    its base type's own methods, as the program reads it, whatever a subclass overrides."""
 
     def reducer_override(self, obj):
         t = type(obj)
         if t in _PLAIN:
             return NotImplemented
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        if issubclass(t, (type, types.FunctionType, types.BuiltinFunctionType)):
             name = (getattr(obj, "__module__", None), getattr(obj, "__qualname__", None))
             if name in _NAMED:
                 return NotImplemented
             return (_standin, (t.__qualname__, t.__module__))
-        if isinstance(obj, _np.ndarray):
-            if (getattr(t, "__module__", "") or "").startswith("numpy.ma"):
-                return (_glue.masked, (obj.data.view(_np.ndarray), _np.asarray(obj.mask)))
-            a = obj if t is _np.ndarray else obj.view(_np.ndarray)
+        if issubclass(t, _np.ndarray):
+            if issubclass(t, _np.ma.MaskedArray):
+                data = _np.ndarray.view(_np.ma.MaskedArray.data.fget(obj), _np.ndarray)
+                return (_glue.masked, (data, _np.asarray(_np.ma.getmaskarray(obj))))
+            a = obj if t is _np.ndarray else _np.ndarray.view(obj, _np.ndarray)
             if a.dtype.fields is not None:
                 return (_glue.structured, (tuple(a.shape), a.dtype.descr))
             if a.dtype.hasobject:
                 return (_glue.object_array, (tuple(a.shape),))
             return (_glue.array, _array_parts(a))
-        if isinstance(obj, _np.generic):
-            if obj.dtype.fields is not None:
-                return (_glue.structured, ((), obj.dtype.descr))
-            if obj.dtype.hasobject:
+        if issubclass(t, _np.generic):
+            dtype = _np.generic.__dict__["dtype"].__get__(obj)
+            if dtype.fields is not None:
+                return (_glue.structured, ((), dtype.descr))
+            if dtype.hasobject:
                 return (_glue.object_array, ((),))
-            return (_glue.scalar, (obj.dtype.str, obj.tobytes()))
-        for base in _BASES:
-            if isinstance(obj, base):
-                return (base, (base(obj),))
+            return (_glue.scalar, (dtype.str, _np.generic.tobytes(obj)))
+        base = _as_base(obj, t)
+        if base is not None:
+            return (type(base), (base,))
         return (_standin, (t.__qualname__, getattr(t, "__module__", "") or ""))
 
 
 def _place(n, addr, placed, to_copy, raw, need):
     """Names a buffer where it lies in the input arena, or makes room for it in the result
     arena; returns the result arena's bytes needed so far."""
-    inp = _arenas[0]
     if n == 0:
         # Nothing to copy, nowhere to read: an empty array needs no arena.
         placed.append([0, 0, 0])
         return need
-    if inp is not None and inp.addr <= addr and addr + n <= inp.addr + inp.size:
-        placed.append([0, addr - inp.addr, n])
+    inp = _arenas[0]
+    off = inp.offset_of(addr, n) if inp is not None else None
+    if off is not None:
+        placed.append([0, off, n])
         return need
     return _room(n, placed, to_copy, raw, need)
 
@@ -318,7 +451,7 @@ def _encode(value):
         n = value.nbytes
         addr = value.__array_interface__["data"][0]
         need = _place(n, addr, placed, to_copy, value.reshape(-1).view(_np.uint8), 0)
-        return None, placed, to_copy, need, [value.dtype.str, list(value.shape)]
+        return None, placed, to_copy, need, (value.dtype.str, list(value.shape))
     import io
 
     buffers = []
@@ -341,6 +474,12 @@ def _clean(text):
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# What a body using the program's `pyop` module is told.
+_PYOP_HINT = ("the pyop module (exposed Rust functions, nested ops, pyop.Tensor) lives in the "
+              "program, not in a worker process; run this op in-process (without `workers`) to "
+              "use it")
+
+
 def _exception_info(e, phase):
     t = type(e)
     bases = [c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)]
@@ -351,29 +490,35 @@ def _exception_info(e, phase):
             message = repr(e)
         except BaseException:  # noqa: BLE001
             message = ""
+    if isinstance(e, ImportError) and getattr(e, "name", None) == "pyop" and _PYOP_HINT not in message:
+        # `from pyop import Tensor` fails in the import machinery, which words it itself.
+        message = message + ": " + _PYOP_HINT
     try:
         frames = [f for f in traceback.extract_tb(e.__traceback__)
                   if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
         tb = "".join(traceback.format_list(frames))
     except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted
         tb = ""
-    info = {
+    syntax = None
+    if isinstance(e, SyntaxError):
+        try:
+            syntax = {"msg": _clean(e.msg),
+                      "location": _clean("".join(traceback.format_exception_only(e)[:-1]))}
+        except BaseException:  # noqa: BLE001
+            syntax = None
+    name = None
+    if isinstance(e, ImportError) and isinstance(getattr(e, "name", None), str):
+        name = _clean(e.name)
+    return {
         "type": _clean(t.__name__),
         "module": _clean(getattr(t, "__module__", "") or ""),
         "bases": bases,
         "message": _clean(message),
         "traceback": _clean("Traceback (most recent call last):\n" + tb) if tb else "",
         "phase": phase,
+        "syntax": syntax,
+        "name": name,
     }
-    if isinstance(e, SyntaxError):
-        try:
-            info["syntax_msg"] = _clean(e.msg)
-            info["syntax_location"] = _clean("".join(traceback.format_exception_only(e)[:-1]))
-        except BaseException:  # noqa: BLE001
-            pass
-    if isinstance(e, ImportError) and e.name is not None:
-        info["name"] = _clean(e.name)
-    return info
 
 
 def _call(msg):
@@ -382,7 +527,7 @@ def _call(msg):
     result, err, returned_out = _run(module, msg, views)
     if err is not None:
         # The traceback (and with it the body's frames) is gone by now.
-        _send({"s": "err", "exc": err, "retained": views.retained()})
+        _send({"s": "raised", "exc": err, "retained": views.retained()})
         return
     try:
         payload, placed, to_copy, need, arr = _encode(result)
@@ -395,7 +540,7 @@ def _call(msg):
     # that the parent reads memory no view the body kept can write.
     retained = views.retained()
     if err is not None:
-        _send({"s": "err", "exc": err, "retained": retained})
+        _send({"s": "raised", "exc": err, "retained": retained})
         return
     inp = _arenas[0]
     if retained:
@@ -409,47 +554,44 @@ def _call(msg):
     outs = None
     if returned_out:
         outs = []
-        for off, dtype, shape in msg["out"]:
-            n = _count(shape) * _np.dtype(dtype).itemsize
+        for o in msg["out"]:
+            n = _count(o["shape"]) * _np.dtype(o["dtype"]).itemsize
             if n == 0:
                 outs.append([0, 0, 0])
             elif retained:
-                need = _room(n, outs, to_copy, inp.view[off:off + n], need)
+                need = _room(n, outs, to_copy, inp.view[o["at"]:o["at"] + n], need)
             else:
-                outs.append([0, off, n])
+                outs.append([0, o["at"], n])
     res = _arenas[1]
     if need and need > (res.size if res is not None else 0):
         _send({"s": "need", "need": need})
-        nxt, nfds = _recv_frame()
-        if nxt.get("op") != "arena":
-            os._exit(72)
-        try:
-            _install_arena(1, nfds, nxt["size"])
-        except BaseException:  # noqa: BLE001 - as in the main loop
-            os._exit(71)
+        _, nxt, nfds = _recv_frame()
+        if nxt["op"] != "arena" or nxt["which"] != 1:
+            raise _ProtocolError("a need was answered with %r" % nxt["op"])
+        _map_or_exit(1, nfds, nxt["size"])
         res = _arenas[1]
     for off, raw in to_copy:
         res.view[off:off + raw.nbytes] = raw
     del to_copy
-    if arr is not None:
-        _send({"s": "ok", "arr": placed[0] + arr, "retained": retained})
+    if returned_out:
+        _send({"s": "wrote", "outs": outs, "retained": retained})
+    elif arr is not None:
+        _send({"s": "array", "place": placed[0], "dtype": arr[0], "shape": arr[1],
+               "retained": retained})
     else:
-        header = {"s": "ok", "bufs": placed, "out": returned_out, "retained": retained}
-        if outs is not None:
-            header["outs"] = outs
-        _send(header, payload)
+        _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
 
 
 def _run(module, msg, views):
     """Calls the body; returns (result, exception info or None, whether it returned `out`)."""
+    args = _decode(msg["args"], views)  # a protocol error is the worker's, not the body's
     try:
-        args = _decode(msg["args"], views)
         kwargs = {}
-        outs = msg.get("out")
+        outs = msg["out"]
         if outs is not None:
-            arrays = [views.view(off, dtype, shape) for off, dtype, shape in outs]
+            arrays = [views.out(o["at"], o["dtype"], o["shape"]) for o in outs]
             kwargs["out"] = arrays[0] if len(arrays) == 1 else tuple(arrays)
-        f = getattr(module, msg["fn"])
+        f = getattr(module, msg["function"])
         result = f(*args, **kwargs)
     except BaseException as e:  # noqa: BLE001 - every exception goes back to the parent
         return None, _exception_info(e, "call"), False
@@ -466,9 +608,20 @@ def _count(shape):
 
 
 def _ping(msg):
-    module = _modules.get(msg.get("key"))
-    missing = [name for name in msg.get("fns", []) if not callable(getattr(module, name, None))]
-    _send({"s": "ok", "missing": missing, "pid": os.getpid()})
+    module = _modules.get(msg["key"])
+    missing = [name for name in msg["fns"] if not callable(getattr(module, name, None))]
+    _send({"s": "pong", "missing": missing})
+
+
+class _PyopStub(types.ModuleType):
+    """The `pyop` module in a worker: the program's own (exposed Rust functions, nested ops,
+    pyop.Tensor) lives in the program. Every attribute is missing, as `AttributeError` (what
+    `hasattr`, `getattr(m, name, default)` and `inspect` expect), saying why."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        raise AttributeError("pyop." + name + " is not available: " + _PYOP_HINT, name=name, obj=self)
 
 
 def _main():
@@ -476,13 +629,14 @@ def _main():
     # Ctrl-C in a terminal is the program's to handle; the worker is in its own process group,
     # but a body's own signal handling should not see it either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    init, _ = _recv_frame()
+    _seq, init, _ = _recv_frame()
+    if init["op"] != "init":
+        raise _ProtocolError("the first request is not init")
     if list(sys.version_info[:2]) != init["version"]:
         # Another Python than the program's: its path would import the wrong standard library.
-        _send({"s": "err", "version": sys.version.split()[0]})
+        _send({"s": "wrong_version", "version": sys.version.split()[0]})
         return
-    sys.path[:] = init["sys_path"]
-    if init.get("site_packages"):
+    if init["site_packages"]:
         # As the program does: its environment's .pth files (editable installs, import hooks).
         import site
         site.addsitedir(init["site_packages"])
@@ -498,47 +652,30 @@ def _main():
     try:
         import numpy
     except BaseException as e:  # noqa: BLE001
-        _send({"s": "err", "exc": _exception_info(e, "start")})
+        _send({"s": "no_numpy", "exc": _exception_info(e, "start")})
         return
     _np = numpy
-    # A stub `pyop` module: the program's own (exposed Rust functions, nested ops, pyop.Tensor)
-    # lives in the program, not here.
-    stub = types.ModuleType("pyop")
-
-    def _missing(name):
-        raise ImportError(
-            "pyop." + name + " is not available in a worker process: the pyop module (exposed Rust "
-            "functions, nested ops, pyop.Tensor) lives in the program; run this op in-process "
-            "(without `workers`) to use it", name="pyop")
-
-    stub.__getattr__ = _missing
-    sys.modules["pyop"] = stub
-    _send({"s": "ok", "pid": os.getpid(), "python": sys.version.split()[0], "numpy": numpy.__version__})
+    sys.modules["pyop"] = _PyopStub("pyop")
+    _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
+           "numpy": numpy.__version__})
     while True:
-        msg, fds = _recv_frame()
-        op = msg["op"]
-        if op == "arena":
-            # Never answered (the parent sends it between calls); a worker that cannot map its
-            # memory cannot serve: it exits, and the parent replaces it.
-            try:
-                _install_arena(msg["which"], fds, msg["size"])
-            except BaseException:  # noqa: BLE001
-                os._exit(71)
-            continue
-        _seq = msg.get("q", 0)
         try:
-            if op == "call":
+            _seq, msg, fds = _recv_frame()
+            op = msg["op"]
+            if op == "arena":
+                _map_or_exit(msg["which"], fds, msg["size"])
+            elif op == "call":
                 _call(msg)
             elif op == "load":
                 _load(msg)
             elif op == "ping":
                 _ping(msg)
-            elif op == "exit":
-                _exit_quietly()
+            else:
+                raise _ProtocolError("unexpected request " + op)
         except BaseException as e:  # noqa: BLE001 - a failure of the worker itself
             # Said, then the worker exits: its state is not to be trusted with another call.
             try:
-                _send({"s": "err", "exc": _exception_info(e, "worker")})
+                _send({"s": "raised", "exc": _exception_info(e, "worker"), "retained": False})
             finally:
                 os._exit(70)
 

@@ -61,17 +61,19 @@ def _scalar(dtype, data):
 
 
 def _object_array(shape):
-    # Its values do not matter: the output check refuses object arrays.
+    # Its values do not matter: the output check refuses object arrays. One element broadcast to
+    # the shape, so a tiny result in the worker (itself a broadcast) costs nothing here.
     import numpy
 
-    return numpy.empty(tuple(shape), dtype=object)
+    return numpy.broadcast_to(numpy.empty((), dtype=object), tuple(shape))
 
 
 def _structured(shape, descr):
     # The same: refused for having fields, whatever they hold.
     import numpy
 
-    return numpy.zeros(tuple(shape), dtype=numpy.dtype([tuple(f) for f in descr]))
+    one = numpy.zeros((), dtype=numpy.dtype([tuple(f) for f in descr]))
+    return numpy.broadcast_to(one, tuple(shape))
 
 
 def _masked(data, mask):

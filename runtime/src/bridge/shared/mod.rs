@@ -14,7 +14,8 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::error::{Error, ErrorKind, IntoOpName};
 use crate::python::errors::{python_error, run_pyop_code};
-use crate::worker::Reply;
+use crate::worker::exchange::Answered;
+use crate::worker::protocol::{ExcInfo, Place, Region, Reply};
 
 /// Bytes of a worker arena, exported read-only through the buffer protocol. Every view NumPy
 /// makes of them holds this object, and this object holds the mapping: the memory stays mapped
@@ -78,58 +79,58 @@ fn glue_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
 }
 
 /// The value a worker returned: a plain array it sent as dtype, shape and bytes, or its pickle,
-/// with buffers read in place.
-pub(crate) fn reply_value<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, PyAny>> {
-    let arr = &reply.header["arr"];
-    if arr.is_array() {
-        let bytes = shared_bytes(py, reply, arr)?;
-        let dtype = arr[3].as_str().unwrap_or("?");
-        let shape: Vec<usize> = arr[4]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| d.as_u64().unwrap_or(0) as usize)
-            .collect();
-        // A read-only view of its bytes, of a plain dtype (as a pickled array's are).
-        return glue_fn(py, "_array")?.call1((dtype, shape, bytes));
-    }
-    let buffers = PyList::empty(py);
-    for buf in reply.header["bufs"].as_array().into_iter().flatten() {
-        buffers.append(shared_bytes(py, reply, buf)?)?;
-    }
-    glue_fn(py, "loads")?.call1((PyBytes::new(py, &reply.payload), buffers))
+/// with buffers read in place. `None` for a reply that carries no value.
+pub(crate) fn reply_value<'py>(
+    py: Python<'py>,
+    answer: &Answered,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let value = || match &answer.reply {
+        Reply::Array {
+            place,
+            dtype,
+            shape,
+            ..
+        } => {
+            let bytes = shared_bytes(py, answer, *place)?;
+            // A read-only view of its bytes, of a plain dtype (as a pickled array's are).
+            glue_fn(py, "_array")?.call1((dtype.as_str(), shape.clone(), bytes))
+        }
+        Reply::Pickled { bufs, .. } => {
+            let buffers = PyList::empty(py);
+            for buf in bufs {
+                buffers.append(shared_bytes(py, answer, *buf)?)?;
+            }
+            glue_fn(py, "loads")?.call1((PyBytes::new(py, &answer.payload), buffers))
+        }
+        _ => unreachable!("matched below"),
+    };
+    matches!(answer.reply, Reply::Array { .. } | Reply::Pickled { .. }).then(value)
 }
 
-/// Where `[arena, offset, length]` in a reply lies: in its input arena (0) or its result arena
-/// (1), checked to lie inside it; `None` for anything else.
-pub(crate) fn region<'r>(
-    reply: &'r Reply,
-    at: &serde_json::Value,
-) -> Option<(&'r Arc<MmapRaw>, usize, usize)> {
-    let field = |i: usize| at[i].as_u64().and_then(|v| usize::try_from(v).ok());
-    let (offset, len) = (field(1)?, field(2)?);
-    let map = match field(0)? {
-        0 => reply.input.as_ref()?,
-        1 => reply.result.as_ref()?,
-        _ => return None,
+/// Where a place of a checked answer lies: the mapping, the offset and the length (checked again
+/// against the mappings the answer holds; `None` outside them).
+pub(crate) fn region(answer: &Answered, at: Place) -> Option<(&Arc<MmapRaw>, usize, usize)> {
+    let len = |m: &Option<Arc<MmapRaw>>| m.as_ref().map_or(0, |m| m.len());
+    let Region { arena, offset, len } = at
+        .check("place", [len(&answer.input), len(&answer.result)])
+        .ok()?;
+    let map = match arena {
+        0 => answer.input.as_ref(),
+        _ => answer.result.as_ref(),
     };
-    (offset.checked_add(len)? <= map.len()).then_some((map, offset, len))
+    map.map(|m| (m, offset, len))
 }
 
 /// The bytes a reply names (`region`), as a read-only buffer over the arena.
-fn shared_bytes<'py>(
-    py: Python<'py>,
-    reply: &Reply,
-    at: &serde_json::Value,
-) -> PyResult<Bound<'py, PyAny>> {
-    let Some((map, offset, len)) = region(reply, at) else {
+fn shared_bytes<'py>(py: Python<'py>, answer: &Answered, at: Place) -> PyResult<Bound<'py, PyAny>> {
+    if at.2 == 0 {
+        return Ok(PyBytes::new(py, b"").into_any());
+    }
+    let Some((map, offset, len)) = region(answer, at) else {
         return Err(PyBufferError::new_err(
             "a worker named a buffer outside its shared memory",
         ));
     };
-    if len == 0 {
-        return Ok(PyBytes::new(py, b"").into_any());
-    }
     Ok(Bound::new(
         py,
         SharedBytes {
@@ -143,25 +144,14 @@ fn shared_bytes<'py>(
 
 /// The error a worker's exception (`exc` of its reply) becomes: the same kind, exception name
 /// and message the body's exception would give in the program, with the worker's traceback.
-pub(crate) fn worker_exception(
-    py: Python<'_>,
-    op: impl IntoOpName + Copy,
-    exc: &serde_json::Value,
-) -> Error {
-    let text = |k: &str| exc[k].as_str().unwrap_or_default().to_owned();
-    let bases: Vec<String> = exc["bases"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b.as_str().map(str::to_owned))
-        .collect();
+pub(crate) fn worker_exception(py: Python<'_>, op: impl IntoOpName + Copy, exc: &ExcInfo) -> Error {
     let rebuilt = glue_fn(py, "exception").and_then(|f| {
         f.call1((
-            text("type"),
-            text("module"),
-            bases,
-            text("message"),
-            exc["name"].as_str(),
+            exc.type_name.as_str(),
+            exc.module.as_str(),
+            exc.bases.clone(),
+            exc.message.as_str(),
+            exc.name.as_deref(),
         ))
     });
     let err = match rebuilt {
@@ -176,10 +166,10 @@ pub(crate) fn worker_exception(
             mut message,
             ..
         } => {
-            let mut traceback = text("traceback");
-            if let Some(msg) = exc["syntax_msg"].as_str() {
-                message = msg.to_owned();
-                traceback.push_str(&text("syntax_location"));
+            let mut traceback = exc.traceback.clone();
+            if let Some(syntax) = &exc.syntax {
+                message = syntax.msg.clone();
+                traceback.push_str(&syntax.location);
             }
             Error::Python {
                 op,
@@ -194,15 +184,14 @@ pub(crate) fn worker_exception(
 }
 
 /// Kinds a worker's failures take that no Python exception has.
-pub(crate) fn result_not_sent(op: impl IntoOpName, exc: &serde_json::Value) -> Error {
+pub(crate) fn result_not_sent(op: impl IntoOpName, exc: &ExcInfo) -> Error {
     Error::mismatch(
         op,
         ErrorKind::OutputMismatch,
         None,
         format!(
             "the body's result could not be sent back from its worker: {}: {}",
-            exc["type"].as_str().unwrap_or("Exception"),
-            exc["message"].as_str().unwrap_or_default()
+            exc.type_name, exc.message
         ),
     )
 }

@@ -14,7 +14,6 @@ use crate::bridge::outputs::{OutputCheck, Role};
 use crate::bridge::prepare::{Prepared, PreparedInputs};
 use crate::error::{panic_message, Error, ErrorKind, Result};
 use crate::op::gradient::{GradientCall, RustGradient};
-use crate::op::workers::{Group, WireInputs, WorkerCall};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
 use crate::spec::OutSpec;
@@ -145,33 +144,17 @@ impl Node {
             // The registered Python gradient runs in a worker too, with the same arguments.
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
-            let inputs = op.failed_before_python(WireInputs::new(
+            return op.gradient_in_worker(
+                workers,
+                name,
                 self.prepared
                     .iter()
                     .chain(&out_prepared)
                     .chain(&grad_prepared),
-            ))?;
-            let started = std::time::Instant::now();
-            let answer = op.failed_before_python(op.call_in_worker(
-                workers,
-                WorkerCall {
-                    function: name,
-                    inputs: &inputs,
-                    groups: &[
-                        (&args, Group::Tuple),
-                        (&outs, Group::Tuple),
-                        (&gs, Group::Tuple),
-                    ],
-                    outs: None,
-                    timeout: op.timeout,
-                    reloaded: op.worker_body_now().0,
-                },
-            ))?;
-            op.counters.record_worker(started.elapsed());
-            return op.run_python(&device, |py| {
-                let returned = op.worker_value(py, &answer)?;
-                self.python_results(py, &args, &device, &returned)
-            });
+                [&args, &outs, &gs],
+                &device,
+                |py, returned| self.python_results(py, &args, &device, returned),
+            );
         }
         op.run_python(&device, |py| {
             let tuples = |a: &[Arg<'_>], p: &[Prepared]| {

@@ -1,0 +1,279 @@
+//! A numpy-mode op's call in a worker process (`crate::worker`), top to bottom in
+//! [`OpInner::run_in_worker`]: the request (inputs as the storage they view, arguments as the
+//! protocol's types), the exchange without the GIL (a worker leased, the inputs written into its
+//! shared memory, the reply read and checked against the protocol), then, with the GIL, the reply
+//! read back and the one output check on it. Each step's detail has its own file: finding the
+//! interpreter (`launch`), loading the body (`load`), encoding the call (`encode`), reading the
+//! reply (`decode`) and what failures become (`errors`).
+
+pub(crate) mod decode;
+pub(crate) mod encode;
+mod errors;
+mod launch;
+pub(crate) mod load;
+
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device};
+
+use self::encode::{Group, WireInputs};
+use self::errors::{lost_call, start_error, worker_error};
+use self::launch::launch;
+use self::load::Workers;
+use crate::arg::Arg;
+use crate::body::source::Source;
+use crate::bridge::outputs::{known_shape, OutputCheck, Outputs, Role};
+use crate::bridge::prepare::Prepared;
+use crate::bridge::with_gil;
+use crate::error::{Error, ErrorKind, Result};
+use crate::op::{OpInner, PyOp};
+use crate::spec::OutSpec;
+use crate::worker::exchange::{Answered, Exchange, LOAD_TIMEOUT};
+use crate::worker::protocol::{Phase, Reply};
+use crate::worker::Lease;
+
+/// A worker's answer, and the worker it came from. It holds the worker until it is dropped: the
+/// worker's next call would overwrite the shared memory the answer's values are read from.
+pub(crate) struct Answer {
+    pub answered: Answered,
+    pub worker: u64,
+    _lease: Option<Lease>,
+}
+
+/// One call to make in a worker: the function, its inputs and argument groups, `out` buffers.
+struct Call<'a> {
+    function: &'a str,
+    inputs: &'a WireInputs,
+    groups: &'a [(&'a [Arg<'a>], Group)],
+    outs: Option<&'a [(DType, Vec<usize>)]>,
+    timeout: Option<Duration>,
+    reloaded: Option<Source>,
+}
+
+impl OpInner {
+    /// The body's part of a forward call run in a worker process.
+    pub(crate) fn run_in_worker(
+        &self,
+        workers: &Workers,
+        args: &[Arg<'_>],
+        prepared: &[Prepared],
+        device: &Device,
+        timeout: Option<Duration>,
+        span: &tracing::Span,
+    ) -> Result<Outputs> {
+        // 1. The request. Hot reload may have given the body a new source, and an `out`
+        // parameter or taken it away.
+        let tout = self.failed_before_python(self.resolved_tout(args))?;
+        let (reloaded, accepts_out) = self.worker_body_now();
+        let outs = if accepts_out {
+            out_shapes(&tout, args)
+        } else {
+            None
+        };
+        let inputs = self.failed_before_python(WireInputs::new(&self.name, prepared))?;
+        // 2. The exchange, without the GIL.
+        let answer = self.failed_before_python(self.call_in_worker(
+            workers,
+            Call {
+                function: &self.function,
+                inputs: &inputs,
+                groups: &[(args, Group::List)],
+                outs: outs.as_deref(),
+                timeout,
+                reloaded,
+            },
+        ))?;
+        span.record("worker", answer.worker);
+        // 3. The reply read back and checked, with the GIL.
+        self.run_python(device, |py| {
+            crate::python::numpy::ensure_numpy(py, Some(&self.name))?;
+            let check = OutputCheck {
+                op: &self.name,
+                tout: &tout,
+                device,
+                role: Role::Output,
+                args,
+            };
+            decode::outputs(py, &answer, &self.body_named(), &check, outs.as_deref())
+        })
+    }
+
+    /// A registered Python gradient run in a worker, with the same arguments as in the program:
+    /// the inputs', outputs' and incoming gradients' tuples. Returns what `check` makes of the
+    /// value it returned, with the GIL held.
+    pub(crate) fn gradient_in_worker<'p, T>(
+        &self,
+        workers: &Workers,
+        function: &str,
+        prepared: impl IntoIterator<Item = &'p Prepared>,
+        groups: [&[Arg<'_>]; 3],
+        device: &Device,
+        check: impl FnOnce(pyo3::Python<'_>, &pyo3::Bound<'_, pyo3::PyAny>) -> Result<T>,
+    ) -> Result<T> {
+        let inputs = self.failed_before_python(WireInputs::new(&self.name, prepared))?;
+        let [a, b, c] = groups;
+        let answer = self.failed_before_python(self.call_in_worker(
+            workers,
+            Call {
+                function,
+                inputs: &inputs,
+                groups: &[(a, Group::Tuple), (b, Group::Tuple), (c, Group::Tuple)],
+                outs: None,
+                timeout: self.timeout,
+                reloaded: self.worker_body_now().0,
+            },
+        ))?;
+        self.run_python(device, |py| {
+            let returned = decode::value(py, &answer, &self.name, &self.body_named())?;
+            check(py, &returned)
+        })
+    }
+
+    /// Runs one call in a worker of the op's pool, without the GIL, and returns its answer; the
+    /// time it took (waiting for a worker included) and the bytes it copied are counted.
+    fn call_in_worker(&self, workers: &Workers, call: Call<'_>) -> Result<Answer> {
+        let op = self.name.as_str();
+        let launch = launch(op)?;
+        let load = workers.load(op, call.reloaded);
+        let encoded = encode::call(
+            op,
+            &load.key,
+            call.function,
+            call.inputs,
+            call.groups,
+            call.outs,
+        )?;
+        let started = Instant::now();
+        let answer = crate::python::without_gil(|| {
+            let mut lease = self.lease(workers, launch)?;
+            let worker = lease.worker();
+            let (id, pid) = (worker.id, worker.pid);
+            let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
+            let result = worker.call(Exchange {
+                load,
+                call: encoded.call,
+                inputs: encoded.inputs,
+                arena_len: encoded.arena_len,
+                outs: encoded.out_sizes,
+                timeout: call.timeout,
+            });
+            match result {
+                Ok(answered) => {
+                    lease.count_bytes(answered.copied_in, answered.copied_out);
+                    self.counters
+                        .record_worker_bytes(answered.copied_in, answered.copied_out);
+                    // A worker whose own machinery failed has said so and exits: not reused.
+                    let lease = match &answered.reply {
+                        Reply::Raised { exc, .. } if exc.phase == Phase::Worker => {
+                            lease.discard(false);
+                            None
+                        }
+                        _ => Some(lease),
+                    };
+                    Ok(Answer {
+                        answered,
+                        worker: id,
+                        _lease: lease,
+                    })
+                }
+                Err(f) => Err(lost_call(op, lease, f, call.timeout)),
+            }
+        });
+        self.counters.record_worker(started.elapsed());
+        answer
+    }
+
+    /// With hot reload on, the source workers load now (the program's check, which takes the
+    /// GIL, may have found a new one) and whether the body takes `out`; without it, neither
+    /// costs anything.
+    fn worker_body_now(&self) -> (Option<Source>, bool) {
+        let Some(r) = &self.reload else {
+            return (None, self.accepts_out);
+        };
+        let accepts_out =
+            with_gil(&self.name, |py| Ok(self.body_now(py).1)).map_or(self.accepts_out, |(a, _)| a);
+        (Some(r.source()), accepts_out)
+    }
+
+    /// The body's source as errors name it.
+    fn body_named(&self) -> String {
+        self.source
+            .as_ref()
+            .map_or_else(|| "the body".to_owned(), Source::describe)
+    }
+
+    /// A worker of the op's pool for one call, started if none is idle (without the GIL).
+    fn lease(&self, workers: &Workers, launch: &crate::worker::exchange::Launch) -> Result<Lease> {
+        let lease = workers
+            .pool
+            .checkout(launch)
+            .map_err(|e| start_error(&self.name, launch, e))?;
+        lease.count_call();
+        Ok(lease)
+    }
+
+    /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
+    pub(crate) fn check_worker(&self, workers: &Workers, functions: &[&str]) -> Result<()> {
+        let op = self.name.as_str();
+        let launch = launch(op)?;
+        let load = workers.load(op, None);
+        let (worker, reply) = crate::python::without_gil(|| {
+            let mut lease = self.lease(workers, launch)?;
+            let worker = lease.worker().id;
+            match lease.worker().ask(&load, functions, LOAD_TIMEOUT) {
+                Ok(reply) => Ok((worker, reply)),
+                Err(f) => Err(lost_call(op, lease, f, Some(LOAD_TIMEOUT))),
+            }
+        })?;
+        let missing = match reply {
+            Reply::Pong { missing, .. } => missing,
+            Reply::LoadFailed { exc } => {
+                let body = self.body_named();
+                return Err(with_gil(op, |py| Ok(worker_error(py, op, &body, worker, &exc)))?.0);
+            }
+            other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
+        };
+        if !missing.is_empty() {
+            return Err(Error::op_failure(
+                op,
+                ErrorKind::MissingFunction,
+                format!(
+                    "in a worker, {} defines no callable {}",
+                    self.body_named(),
+                    missing
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl PyOp {
+    /// Starts the workers of the op's pool now, side by side, rather than on the first calls
+    /// that need them (each costs an interpreter start and NumPy's import, about 70 ms). A no-op
+    /// for an op that runs in the program.
+    pub fn start_workers(&self) -> Result<()> {
+        let op = &*self.inner;
+        let Some(workers) = &op.workers else {
+            return Ok(());
+        };
+        let launch = launch(&op.name)?;
+        crate::python::without_gil(|| workers.pool.fill(launch))
+            .map_err(|e| start_error(&op.name, launch, e))
+    }
+}
+
+/// Shapes of `out` buffers for a worker call (the same rule as in the program: every output's
+/// shape known before the call).
+fn out_shapes(tout: &[OutSpec], args: &[Arg<'_>]) -> Option<Vec<(DType, Vec<usize>)>> {
+    if tout.is_empty() {
+        return None;
+    }
+    tout.iter()
+        .map(|o| known_shape(o, args).map(|s| (o.dtype, s)))
+        .collect()
+}
