@@ -214,8 +214,13 @@ fn a_returned_input_is_named_where_it_lies_not_copied() {
         arena_maps()
     );
     for _ in 0..2 {
+        let before = pool.stats();
         let y = ident.call(&[Arg::from(&x)]).unwrap();
         assert_eq!(y[0].dims(), x.dims());
+        // The copies, counted: the input in, nothing out.
+        let after = pool.stats();
+        assert_eq!(after.bytes_in - before.bytes_in, 16 << 20);
+        assert_eq!(after.bytes_out, before.bytes_out, "nothing copied out");
         assert_eq!(
             big(&arena_maps()),
             input,
@@ -1390,4 +1395,651 @@ fn a_module_that_fails_to_load_runs_its_top_level_once_per_worker() {
     }
     // Once in the program, once in the worker.
     assert_eq!(std::fs::read_to_string(&marks).unwrap(), "xx");
+}
+
+// --- the second audit's worker findings (../shared/reviews/adversarial-findings-2.md), each a case ---
+
+/// The Python exception's type name an error carries.
+fn exception(e: &pyop::Error) -> Option<&str> {
+    match e {
+        pyop::Error::Python { exception, .. } => Some(exception.as_str()),
+        _ => None,
+    }
+}
+
+/// The bytes an op's calls copied into and out of workers (`OpStats`).
+fn copies(op: &PyOp) -> (u64, u64) {
+    let s = op.stats();
+    (s.worker_bytes_in, s.worker_bytes_out)
+}
+
+#[test]
+fn copies_in_and_out_are_counted_and_returned_inputs_are_not_copied() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::arange(0f32, 1024., &cpu()).unwrap();
+    let op = |name: &str, code: &str, tout: OutSpec| worker_op(&pool, name, code, &[tout]);
+    let f32_ = OutSpec::new(DType::F32);
+    let ident = op("ident_counted", "def f(x):\n    return x", f32_.clone());
+    let view = op("view_counted", "def f(x):\n    return x[1:]", f32_.clone());
+    let plus = op("plus_counted", "def f(x):\n    return x + 1", f32_.clone());
+    let out = op(
+        "out_counted",
+        "def f(x, out=None):\n    np.add(x, 1, out=out)",
+        OutSpec::like(DType::F32, 0),
+    );
+    ident.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(
+        copies(&ident),
+        (4096, 0),
+        "a returned input is read where it lies"
+    );
+    let y = view.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap()[0], 1.);
+    assert_eq!(copies(&view), (4096, 0), "so is a view of one");
+    plus.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(copies(&plus), (4096, 4096), "a fresh result is copied once");
+    out.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(
+        copies(&out),
+        (4096, 0),
+        "an `out` buffer is read where it lies"
+    );
+    let p = pool.stats();
+    assert_eq!(
+        (p.bytes_in, p.bytes_out),
+        (4 * 4096, 4096),
+        "the pool counts them all"
+    );
+}
+
+/// Finding 1: any `Duration` is a time limit, `Duration::MAX` none, as in the program; no panic
+/// escapes and the worker stays in step.
+#[test]
+fn a_time_limit_of_duration_max_is_no_limit() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let op = PyOp::builder("tmax")
+        .code("def f(x):\n    return x + 1")
+        .function("f")
+        .numpy()
+        .pool(&pool)
+        .timeout(Duration::MAX)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    for t in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(5),
+    ] {
+        let y = op
+            .call_with(&[Arg::from(&x)], &CallOptions::new().timeout(t))
+            .unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2.]);
+    }
+    assert_eq!(
+        op.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [2.]
+    );
+    assert_eq!((pool.stats().started, pool.stats().lost), (1, 0));
+}
+
+/// Finding 1, second half: a lease dropped while unwinding (here, a tracing layer of the
+/// program's that panics on entering the worker span) discards its worker instead of putting it
+/// back, possibly out of step, for the next caller.
+#[test]
+fn a_worker_leased_by_a_call_that_panics_is_not_reused() {
+    use tracing_subscriber::layer::SubscriberExt;
+    struct PanicOnWorkerSpan;
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnWorkerSpan {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if attrs.metadata().name() == "pyop.worker" {
+                panic!("a tracing layer panicked");
+            }
+        }
+    }
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let op = worker_op(
+        &pool,
+        "unwound",
+        "import os\ndef f(x):\n    return np.array([os.getpid()], np.float32)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let first = op.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<f32>()
+        .unwrap()[0];
+    let subscriber = tracing_subscriber::registry().with(PanicOnWorkerSpan);
+    let panicked = tracing::subscriber::with_default(subscriber, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.call(&[Arg::from(&x)])))
+    });
+    assert!(panicked.is_err());
+    let stats = pool.stats();
+    assert_eq!((stats.running, stats.lost), (0, 1), "{stats:?}");
+    let next = op.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<f32>()
+        .unwrap()[0];
+    assert_ne!(first, next, "a new worker serves the next call");
+}
+
+/// Run by `workers_import_nothing_from_the_current_directory`, in a folder of shadowing modules.
+#[test]
+#[ignore = "a child process of workers_import_nothing_from_the_current_directory"]
+fn cwd_child() {
+    let code = "import sys, zlib\ndef f(x):\n    return np.array([zlib.crc32(repr(sys.path).encode())], np.int64)";
+    let pool = WorkerPool::new(1);
+    let in_worker = worker_op(&pool, "path_w", code, &[OutSpec::new(DType::I64)]);
+    let in_program = PyOp::builder("path_p")
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::I64)])
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+    let w = in_worker.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap();
+    let p = in_program.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap();
+    println!("PATHS {} {}", w[0], p[0]);
+}
+
+/// Finding 2: a `socket.py`, `json.py`, … in the program's current directory runs nowhere: a
+/// worker's `sys.path` is the program's from its first import on.
+#[test]
+fn workers_import_nothing_from_the_current_directory() {
+    let tmp = common::TempDir::new("pyop-cwd");
+    let marker = tmp.path().join("marker");
+    for name in [
+        "socket",
+        "json",
+        "pickle",
+        "signal",
+        "select",
+        "traceback",
+        "linecache",
+        "mmap",
+        "types",
+        "io",
+    ] {
+        std::fs::write(
+            tmp.path().join(format!("{name}.py")),
+            format!(
+                "open({:?}, 'a').write('{name}.py ran\\n')\nraise ImportError('shadowed')\n",
+                marker.display().to_string()
+            ),
+        )
+        .unwrap();
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "cwd_child", "--nocapture"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !marker.exists(),
+        "{}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PATHS "))
+        .expect("PATHS");
+    let (w, p) = line.split_once(' ').unwrap();
+    assert_eq!(w, p, "a worker's sys.path is the program's");
+}
+
+/// Run by `processes_a_body_started_end_with_the_program`: starts a `sleep` from a worker body,
+/// prints its pid, then ends as PYOP_TEST_END says.
+#[test]
+#[ignore = "a child process of processes_a_body_started_end_with_the_program"]
+fn body_process_child() {
+    let pool = WorkerPool::new(2);
+    let op = worker_op(
+        &pool,
+        "spawn_sleep",
+        "import subprocess, time\n_keep = []\ndef f(x, wait):\n    \
+         p = subprocess.Popen(['sleep', '300'])\n    _keep.append(p)\n    \
+         print('SLEEP', p.pid, flush=True)\n    time.sleep(wait)\n    \
+         return np.array([p.pid], np.int64)",
+        &[OutSpec::new(DType::I64)],
+    );
+    let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+    let end = std::env::var("PYOP_TEST_END").unwrap();
+    if end == "inflight" {
+        let op = op.clone();
+        std::thread::spawn(move || {
+            let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+            let _ = op.call(&[Arg::from(&x), Arg::F64(60.0)]);
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        std::process::exit(0);
+    }
+    op.call(&[Arg::from(&x), Arg::F64(0.0)]).unwrap();
+    match end.as_str() {
+        "exit" => std::process::exit(0),
+        "panic" => panic!("the program panics"),
+        _ => {} // returns: the pool lives in `op`, dropped on return; a static's is not
+    }
+    std::mem::forget(op);
+    std::mem::forget(pool);
+}
+
+/// Finding 3: processes a body started end with the program at every normal end (return from
+/// main with the pool still alive, `process::exit`, a panic, a call in flight), not only when
+/// the pool is dropped.
+#[test]
+fn processes_a_body_started_end_with_the_program() {
+    for end in ["return", "exit", "panic", "inflight"] {
+        // Read up to the pid only: the `sleep` holds the child's stdout open as long as it lives.
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "body_process_child", "--nocapture"])
+            .env("PYOP_TEST_END", end)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid: u32 = BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("SLEEP ").map(|p| p.trim().parse().unwrap()))
+            .unwrap_or_else(|| panic!("{end}: no SLEEP line"));
+        child.wait().unwrap();
+        let gone = gone_soon(pid);
+        if !gone {
+            // SAFETY: kill takes plain integers; the leftover is this test's own `sleep`.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        assert!(
+            gone,
+            "{end}: the body's `sleep` (pid {pid}) outlived the program"
+        );
+    }
+}
+
+/// Finding 4: an input crosses as the storage it views. A broadcast of 2^40 elements is one
+/// element in the arena (it aborted the process), and narrowed, transposed and broadcast inputs
+/// have the same strides and values in a worker as in the program.
+#[test]
+fn inputs_cross_as_the_storage_they_view() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let huge = Tensor::new(&[1f32], &cpu())
+        .unwrap()
+        .broadcast_as((1usize << 40,))
+        .unwrap();
+    let head = worker_op(
+        &pool,
+        "head",
+        "def f(x):\n    return np.array(x[:4])",
+        &[OutSpec::new(DType::F32)],
+    );
+    let y = head.call(&[Arg::from(&huge)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1.; 4]);
+    assert_eq!(pool.stats().bytes_in, 4, "one element in the arena");
+    let code = "def f(x):\n    return np.array(x.strides + x.shape + (float(x.sum()), x.flags.writeable), np.float64)";
+    let worker = worker_op(&pool, "strides", code, &[OutSpec::new(DType::F64)]);
+    let program = PyOp::builder("strides_p")
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let m = Tensor::arange(0f32, 12., &cpu())
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap();
+    let cases = [
+        m.clone(),
+        m.t().unwrap(),
+        m.narrow(1, 1, 2).unwrap(),
+        m.narrow(0, 1, 2).unwrap().t().unwrap(),
+        m.narrow(1, 2, 1).unwrap().broadcast_as((3, 5)).unwrap(),
+        Tensor::new(&[7f32], &cpu())
+            .unwrap()
+            .broadcast_as((2, 3))
+            .unwrap(),
+        m.narrow(0, 0, 0).unwrap(),
+    ];
+    for (i, t) in cases.iter().enumerate() {
+        let w = worker.call(&[Arg::from(t)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap();
+        let p = program.call(&[Arg::from(t)]).unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap();
+        assert_eq!(w, p, "case {i}: {:?} {:?}", t.dims(), t.stride());
+    }
+}
+
+/// Finding 6: a value is read through its base type's own slots in a worker as in the program,
+/// whatever a subclass overrides.
+#[test]
+fn subclasses_read_as_in_the_program() {
+    let _s = serial();
+    let code = "\
+class I(int):\n    def __int__(self): return 42\n    def __index__(self): return 42\n\
+class F(float):\n    def __float__(self): return 42.0\n\
+class T(tuple):\n    def __iter__(self): return iter((42.0, 42.0))\n    def __getitem__(self, i): return 42.0\n\
+class L(list):\n    def __iter__(self): return iter([42.0, 42.0, 42.0])\n    def __getitem__(self, i): return 42.0\n\
+class A(np.ndarray):\n    def view(self, *a, **k): return np.full(3, 42.0).view(*a, **k)\n    def __array__(self, *a, **k): return np.full(3, 42.0)\n\
+class S(np.float64):\n    def tobytes(self, *a): return np.float64(42.0).tobytes()\n    @property\n    def dtype(self): return np.dtype('<f4')\n\
+class D(dict):\n    def items(self): return [('k', 42.0)]\n    def __iter__(self): return iter(['k'])\n\
+def f(x, kind):\n    \
+if kind == 'int': return I(7)\n    \
+if kind == 'float': return F(7.0)\n    \
+if kind == 'tuple': return T((7.0, 8.0))\n    \
+if kind == 'list': return L([7.0, 8.0])\n    \
+if kind == 'array': return np.array([7.0, 8.0, 9.0]).view(A)\n    \
+if kind == 'scalar': return S(7.0)\n    \
+if kind == 'dict': return D(k=7.0)\n";
+    let pool = WorkerPool::new(1);
+    let tout = [OutSpec::new(DType::F64)];
+    let worker = worker_op(&pool, "subclass", code, &tout);
+    let program = PyOp::builder("subclass_p")
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.clone())
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let show = |r: pyop::Result<Vec<Tensor>>| match r {
+        Ok(t) => format!(
+            "{:?}",
+            t[0].flatten_all().unwrap().to_vec1::<f64>().unwrap()
+        ),
+        Err(e) => format!(
+            "{:?}: {}",
+            e.kind(),
+            e.to_string().replace("subclass_p", "subclass")
+        ),
+    };
+    for kind in ["int", "float", "tuple", "list", "array", "scalar", "dict"] {
+        let args = [Arg::from(&x), Arg::Str(kind)];
+        let p = show(program.call(&args));
+        assert_eq!(show(worker.call(&args)), p, "{kind}");
+        assert!(
+            !p.contains("42"),
+            "{kind}: the program read an override: {p}"
+        );
+    }
+}
+
+/// Finding 7: inputs are read-only in a worker as in the program, through every route to their
+/// memory, and a thread a body leaves writing to what it kept cannot reach later calls' inputs.
+#[test]
+fn inputs_are_read_only_and_kept_memory_cannot_reach_later_calls() {
+    let _s = serial();
+    let code = "\
+import threading, time\n\
+def f(x, how):\n    \
+if how == 'setflags':\n        x.setflags(write=True); x[0] = 42\n    \
+elif how == 'base':\n        x.base[...] = 42\n    \
+elif how == 'mmap':\n        x.base.base[0:4] = b'\\xff' * 4\n    \
+return x.copy()\n";
+    let pool = WorkerPool::new(1);
+    let tout = [OutSpec::new(DType::F32)];
+    let worker = worker_op(&pool, "readonly", code, &tout);
+    let program = PyOp::builder("readonly_p")
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.clone())
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    for how in ["setflags", "base"] {
+        let args = [Arg::from(&x), Arg::Str(how)];
+        let p = program.call(&args).unwrap_err();
+        let w = worker.call(&args).unwrap_err();
+        assert_eq!(
+            (w.kind(), exception(&w)),
+            (p.kind(), exception(&p)),
+            "{how}: {w}"
+        );
+    }
+    // The mapping under a worker's input views is read-only too.
+    let w = worker.call(&[Arg::from(&x), Arg::Str("mmap")]).unwrap_err();
+    assert_eq!(exception(&w), Some("TypeError"), "{w}");
+    // Threads left writing through what a body kept: its input's mapping, and its `out`
+    // buffer's writable array and mapping.
+    let scribble = worker_op(
+        &pool,
+        "scribble",
+        "import threading, time\n\
+         def loop(m):\n    \
+         while True:\n        \
+         try:\n            m[0:16] = b'\\xff' * 16\n        \
+         except Exception:\n            return\n        \
+         time.sleep(0.0002)\n\
+         def f(x, how, out=None):\n    \
+         if how == 'input': threading.Thread(target=loop, args=(x.base.base,), daemon=True).start()\n    \
+         if how == 'out': threading.Thread(target=loop, args=(out.base,), daemon=True).start()\n    \
+         if how == 'outmap': threading.Thread(target=loop, args=(out.base.base,), daemon=True).start()\n    \
+         np.add(x, 0, out=out)",
+        &[OutSpec::like(DType::F32, 0)],
+    );
+    let x = Tensor::new(&[1f32, 2., 3., 4.], &cpu()).unwrap();
+    for how in ["input", "out", "outmap"] {
+        scribble.call(&[Arg::from(&x), Arg::Str(how)]).unwrap();
+        for i in 0..30 {
+            let y = scribble.call(&[Arg::from(&x), Arg::Str("")]).unwrap();
+            assert_eq!(
+                y[0].to_vec1::<f32>().unwrap(),
+                [1., 2., 3., 4.],
+                "{how}, call {i}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The worker's sequence number and socket, for a body that forges a reply.
+const FORGE: &str = "import gc, json, socket, sys\n\
+def forge(m):\n    \
+seq = sys._getframe(2).f_globals['_seq']\n    \
+s = next(o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() >= 0)\n    \
+h = json.dumps({'q': seq, 'm': m}).encode()\n    \
+body = len(h).to_bytes(4, 'little') + h\n    \
+s.sendall(len(body).to_bytes(4, 'little') + body)\n";
+
+/// Finding 8: a forged reply with the right sequence number and sizes past any arena (or
+/// `usize`) is a protocol error naming its field: `WorkerLost` for that call, no panic, and the
+/// next call gets a worker in step.
+#[test]
+fn forged_sizes_are_protocol_errors_naming_the_field() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "forged",
+        &format!(
+            "{FORGE}def f(x, what):\n    \
+             if what == 'need': forge({{'s': 'need', 'need': 2**64 - 1}})\n    \
+             if what == 'bufs': forge({{'s': 'pickled', 'bufs': [[1, 0, 2**63], [1, 0, 2**63]], 'retained': False}})\n    \
+             if what == 'shape': forge({{'s': 'array', 'place': [0, 0, 4], 'dtype': '<f4', 'shape': [2**62, 4], 'retained': False}})\n    \
+             if what == 'field': forge({{'s': 'array', 'place': [0, 0, 4], 'dtype': '<f4', 'shape': [1], 'retained': False, 'x': 1}})\n    \
+             return x + 1"
+        ),
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (what, says) in [
+        ("need", "`need` asks for 18446744073709551615 bytes"),
+        ("bufs", "`bufs` names bytes"),
+        ("shape", "`shape` [4611686018427387904, 4] overflows"),
+        ("field", "`header` is not a reply (unknown field `x`"),
+    ] {
+        let err = op.call(&[Arg::from(&x), Arg::Str(what)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::WorkerLost, "{what}: {err}");
+        assert!(err.to_string().contains(says), "{what}: {err}");
+        let y = op.call(&[Arg::from(&x), Arg::Str("")]).unwrap();
+        assert_eq!(
+            y[0].to_vec1::<f32>().unwrap(),
+            [2.],
+            "{what}: the next call"
+        );
+    }
+}
+
+/// Finding 9: a refused result's stand-in allocates nothing of its logical size in the program:
+/// a broadcast object array of 2^40 elements is refused for being an object array.
+#[test]
+fn stand_ins_for_refused_results_allocate_nothing_of_their_size() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "objects",
+        "def f(x, n, structured):\n    \
+         one = np.zeros(1, dtype=[('a', 'f4')]) if structured else np.array([None], dtype=object)\n    \
+         return np.broadcast_to(one, (n,))",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (structured, says) in [
+        (false, "object arrays are not tensors"),
+        (true, "structured arrays are not tensors"),
+    ] {
+        let err = op
+            .call(&[Arg::from(&x), Arg::I64(1 << 40), Arg::Bool(structured)])
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+}
+
+/// Finding 10: module keys do not collide by prefix: ops `a` and `a#1.0` share a pool and keep
+/// their own modules.
+#[test]
+fn module_keys_cannot_collide() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = |name: &str, k: f32| {
+        worker_op(
+            &pool,
+            name,
+            &format!("def f(x):\n    return x + {k}"),
+            &[OutSpec::new(DType::F32)],
+        )
+    };
+    let (a, b) = (op("a", 1.0), op("a#1.0", 2.0));
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (op, want) in [(&b, 3.), (&a, 2.), (&b, 3.), (&a, 2.)] {
+        assert_eq!(
+            op.call(&[Arg::from(&x)]).unwrap()[0]
+                .to_vec1::<f32>()
+                .unwrap(),
+            [want]
+        );
+    }
+    assert_eq!(pool.stats().started, 1);
+}
+
+/// Finding 11: the `pyop` stub raises `AttributeError` where Python expects one, so `inspect`
+/// and `hasattr` work in a worker as in the program; using it still says why it cannot be used.
+#[test]
+fn the_pyop_stub_raises_attribute_error() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "stub",
+        "import inspect, pyop\n\
+         def f(x, what):\n    \
+         if what == 'stack': return np.array([len(inspect.stack()) > 0], np.float32)\n    \
+         if what == 'hasattr': return np.array([hasattr(pyop, 'rust')], np.float32)\n    \
+         if what == 'getattr': return np.array([getattr(pyop, '__file__', None) is None], np.float32)\n    \
+         if what == 'use': return pyop.Tensor\n    \
+         if what == 'import':\n        from pyop import Tensor\n",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let call = |what| op.call(&[Arg::from(&x), Arg::Str(what)]);
+    assert_eq!(call("stack").unwrap()[0].to_vec1::<f32>().unwrap(), [1.]);
+    assert_eq!(call("hasattr").unwrap()[0].to_vec1::<f32>().unwrap(), [0.]);
+    assert_eq!(call("getattr").unwrap()[0].to_vec1::<f32>().unwrap(), [1.]);
+    let e = call("use").unwrap_err();
+    assert_eq!(exception(&e), Some("AttributeError"), "{e}");
+    assert!(e.to_string().contains("lives in the program"), "{e}");
+    let e = call("import").unwrap_err();
+    assert_eq!(exception(&e), Some("ImportError"), "{e}");
+    assert!(e.to_string().contains("lives in the program"), "{e}");
+}
+
+/// Every reply kind a call can get, through the real worker, decoded by the program's strict
+/// protocol types: loaded, array, pickled, wrote, raised, need (a result larger than the result
+/// arena), load_failed (a module that fails only in workers). `ready` is every start's, `pong`
+/// `validate_starts_a_worker_for_declared_worker_ops`'s, `wrong_version` and `no_numpy`
+/// `a_worker_that_cannot_start_is_a_clear_error`'s.
+#[test]
+fn every_message_kind_round_trips_through_a_real_worker() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "kinds",
+        "def f(x, kind):\n    \
+         if kind == 'array': return x * 2\n    \
+         if kind == 'pickled': return (x * 2)[::-1]\n    \
+         if kind == 'raised': raise KeyError('k')\n    \
+         if kind == 'need': return np.tile(x * 2, 1 << 19)\n",
+        &[OutSpec::new(DType::F32)],
+    );
+    let wrote = worker_op(
+        &pool,
+        "kinds_out",
+        "def f(x, out=None):\n    np.multiply(x, 2, out=out)\n    return out",
+        &[OutSpec::like(DType::F32, 0)],
+    );
+    let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
+    let y = wrote.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4.]);
+    let y = op.call(&[Arg::from(&x), Arg::Str("need")]).unwrap();
+    assert_eq!(
+        y[0].dims(),
+        [1 << 20],
+        "a result of 4 MiB, past the 1 MiB result arena"
+    );
+    for kind in ["array"] {
+        let y = op.call(&[Arg::from(&x), Arg::Str(kind)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4.], "{kind}");
+    }
+    let y = op.call(&[Arg::from(&x), Arg::Str("pickled")]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [4., 2.]);
+    let e = op.call(&[Arg::from(&x), Arg::Str("raised")]).unwrap_err();
+    assert_eq!(exception(&e), Some("KeyError"), "{e}");
+    let failing = PyOp::builder("fails_in_workers")
+        .code("import sys\nif '_pyop_worker' in sys.modules:\n    raise RuntimeError('only in a worker')\ndef f(x):\n    return x")
+        .function("f")
+        .numpy()
+        .pool(&pool)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let e = failing.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Source, "{e}");
+    assert!(e.to_string().contains("only in a worker"), "{e}");
+    let stats = pool.stats();
+    assert_eq!((stats.started, stats.lost), (1, 0), "{stats:?}");
 }

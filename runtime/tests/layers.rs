@@ -74,9 +74,58 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
-/// The paths a file names through `crate::` or `super::`, made absolute; `{a, b::c}` groups are
-/// expanded.
-fn named_paths(module: &[String], is_mod_file: bool, text: &str) -> Vec<Vec<String>> {
+/// The modules a file declares (`mod x;`, any visibility): its children.
+fn children(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l
+                .strip_prefix("pub(crate) ")
+                .or_else(|| l.strip_prefix("pub "))
+                .unwrap_or(l);
+            l.strip_prefix("mod ")?
+                .strip_suffix(';')
+                .map(|n| n.trim().to_owned())
+        })
+        .collect()
+}
+
+/// The paths a file names through `crate::` or `super::`, or through one of its own child modules
+/// (`child::x`, `self::child::x`, `use child::{..}`), made absolute; `{a, b::c}` groups are
+/// expanded. A parent's use of its child is an edge like any other: a parent and a child may not
+/// use each other either.
+fn named_paths(module: &[String], text: &str) -> Vec<Vec<String>> {
+    let mut out = crate_paths(module, text);
+    let bytes = text.as_bytes();
+    for child in children(text) {
+        let needle = format!("{child}::");
+        let mut from = 0;
+        while let Some(k) = text[from..].find(&needle) {
+            let i = from + k;
+            from = i + needle.len();
+            // A path's first segment: not `a::child::` nor `a_child::`; `self::child::` is.
+            let before = text[..i].trim_end_matches("self::");
+            let prev = before.as_bytes().last().copied();
+            let starts = i == 0
+                || before.len() < i
+                || !(prev.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':'));
+            if !starts || (before.len() == i && i > 0 && bytes[i - 1] == b'$') {
+                continue;
+            }
+            let (paths, _) = path_tree(text, from);
+            for p in paths {
+                let mut full = module.to_vec();
+                full.push(child.clone());
+                full.extend(p);
+                out.push(full);
+            }
+        }
+    }
+    out
+}
+
+/// The paths a file names through `crate::` or `super::`, made absolute.
+fn crate_paths(module: &[String], text: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -96,7 +145,6 @@ fn named_paths(module: &[String], is_mod_file: bool, text: &str) -> Vec<Vec<Stri
         } else if at_word_start && rest.starts_with("super::") {
             // `super` of `a::b` (file a/b.rs or a/b/mod.rs) is `a`.
             let mut base = module.to_vec();
-            let _ = is_mod_file;
             base.pop();
             (base, i + 7)
         } else {
@@ -196,11 +244,8 @@ fn graph(src: &Path) -> (BTreeMap<Vec<String>, PathBuf>, Graph) {
             g.insert(module.clone(), Vec::new());
             continue;
         }
-        let is_mod = file
-            .file_name()
-            .is_some_and(|n| n == "mod.rs" || n == "lib.rs");
         let mut edges = Vec::new();
-        for path in named_paths(module, is_mod, &text) {
+        for path in named_paths(module, &text) {
             if let Some(t) = target(&modules, &path) {
                 if t != module {
                     edges.push((t.clone(), path.join("::")));
@@ -368,7 +413,7 @@ fn the_macro_crate_has_no_import_cycle() {
 fn the_checker_sees_groups_super_and_cycles() {
     let module = vec!["bridge".to_owned(), "out".to_owned()];
     let text = "use super::{numbers::describe_value, view::numpy_array};\nuse crate::error::{Error, Result};\n// crate::op::PyOp in a comment\nlet x = crate::python::errors::python_error(py, e);";
-    let paths: Vec<String> = named_paths(&module, false, &code(text))
+    let paths: Vec<String> = named_paths(&module, &code(text))
         .iter()
         .map(|p| p.join("::"))
         .collect();
@@ -380,6 +425,21 @@ fn the_checker_sees_groups_super_and_cycles() {
             "error::Error",
             "error::Result",
             "python::errors::python_error"
+        ]
+    );
+    // A parent naming its child, directly or in a `use`; `std::child::` is not the child.
+    let parent = vec!["worker".to_owned()];
+    let text = "pub(crate) mod process;\nmod wire;\nuse process::Worker;\nuse self::wire::{send, recv};\nlet c = std::process::Command::new(x);\nlet d = my_process::y;";
+    let paths: Vec<String> = named_paths(&parent, &code(text))
+        .iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "worker::process::Worker",
+            "worker::wire::send",
+            "worker::wire::recv"
         ]
     );
     let a = vec!["a".to_owned()];

@@ -280,15 +280,22 @@ class _Views:
     """The per-call arrays over the input arena that every input view (read-only, over the
     read-only mapping) and `out` view (over the writable one) is a view of, so that whether the
     body kept one is known: every view NumPy derives from them (slices, reshapes, memoryviews of
-    them) holds one of these arrays. The mappings themselves are counted too, so a body that keeps
-    `x.base.base` is seen."""
+    them) holds one of these arrays. What lies under them (the memoryview each array is made of,
+    and the mapping) is watched too, so a body that keeps `x.base.base` is seen as well."""
 
     def __init__(self):
-        arena = _arenas[0]
-        self.arena = arena
-        self.ro = _np.frombuffer(arena.ro, dtype=_np.uint8)
+        self.arena = _arenas[0]
+        self.ro = _np.frombuffer(self.arena.ro, dtype=_np.uint8)
+        self.watched = [[self.ro, 0], [self.ro.base, 0], [self.arena.ro, 0]]
+        self._count(self.watched)
         self.rw = None
-        self.counts = [sys.getrefcount(arena.ro), sys.getrefcount(arena.map)]
+
+    @staticmethod
+    def _count(watched):
+        # Counted with the same references as `retained` counts them (the list's, getrefcount's
+        # argument), once no local name or temporary holds one.
+        for w in watched:
+            w[1] = sys.getrefcount(w[0])
 
     def input(self, off, dtype, shape, strides):
         return _np.ndarray(shape, _np.dtype(dtype), buffer=self.ro, offset=off, strides=strides)
@@ -296,16 +303,14 @@ class _Views:
     def out(self, off, dtype, shape):
         if self.rw is None:
             self.rw = _np.frombuffer(self.arena.map, dtype=_np.uint8)
-            self.counts[1] += 1
+            more = [[self.rw, 0], [self.rw.base, 0], [self.arena.map, 0]]
+            self._count(more)
+            self.watched += more
         dt = _np.dtype(dtype)
         return self.rw[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
-        # This object's own reference and getrefcount's argument.
-        return (sys.getrefcount(self.ro) > 2
-                or (self.rw is not None and sys.getrefcount(self.rw) > 2)
-                or sys.getrefcount(self.arena.ro) > self.counts[0]
-                or sys.getrefcount(self.arena.map) > self.counts[1])
+        return any(sys.getrefcount(w[0]) > w[1] for w in self.watched)
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -315,9 +320,11 @@ _PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, s
           slice, range, type(None))
 
 
-# Subclasses of those (a namedtuple, an IntEnum) are sent as their base type, read as the
-# program's output check reads them: through the base type's own slots (the stored value), never
-# through a method the subclass may override (`__int__`, `__iter__`, `__str__`...).
+# Subclasses of the number and sequence types the output check reads (an IntEnum, a namedtuple)
+# are sent as their base type, read as the program reads them: through the base type's own slots
+# (the stored value), never through a method the subclass may override (`__int__`, `__iter__`,
+# `__getitem__`). Subclasses of the types it refuses (str, bytes, dict, set) are sent as stand-ins
+# of their own name, so the refusal names the same type as in the program.
 def _as_base(obj, t):
     if issubclass(t, bool):
         return bool(int.__int__(obj))
@@ -327,22 +334,10 @@ def _as_base(obj, t):
         return float.__float__(obj)
     if issubclass(t, complex):
         return complex(complex.__dict__["real"].__get__(obj), complex.__dict__["imag"].__get__(obj))
-    if issubclass(t, str):
-        return str.__str__(obj)
-    if issubclass(t, bytes):
-        return bytes.__getitem__(obj, slice(None))
-    if issubclass(t, bytearray):
-        return bytearray.__getitem__(obj, slice(None))
     if issubclass(t, tuple):
         return tuple.__getitem__(obj, slice(None))
     if issubclass(t, list):
         return list.__getitem__(obj, slice(None))
-    if issubclass(t, dict):
-        return dict(dict.items(obj))
-    if issubclass(t, frozenset):
-        return frozenset(frozenset.__iter__(obj))
-    if issubclass(t, set):
-        return set(set.__iter__(obj))
     return None
 
 

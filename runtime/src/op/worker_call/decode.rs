@@ -4,25 +4,26 @@
 use candle_core::DType;
 
 use super::errors::worker_error;
-use super::Answer;
 use crate::bridge::outputs::{outputs_from_python, OutputCheck, Outputs};
 use crate::bridge::shared::{region, reply_value};
 use crate::error::{Error, ErrorKind, Result};
+use crate::worker::exchange::Answered;
 use crate::worker::protocol::Reply;
 
 /// A forward call's outputs from its worker's answer: the one output check on the values the
 /// worker returned, or the `out` buffers it wrote (`outs`: their dtypes and shapes).
 pub(crate) fn outputs(
     py: pyo3::Python<'_>,
-    answer: &Answer,
+    answer: &Answered,
+    worker: u64,
     body: &str,
     check: &OutputCheck<'_>,
     outs: Option<&[(DType, Vec<usize>)]>,
 ) -> Result<Outputs> {
-    let places = match (&answer.answered.reply, outs) {
+    let places = match (&answer.reply, outs) {
         (Reply::Wrote { outs: places, .. }, Some(outs)) if places.len() == outs.len() => places,
         (_, outs) => {
-            let value = value(py, answer, check.op, body)?;
+            let value = value(py, answer, worker, check.op, body)?;
             return match outs {
                 None => outputs_from_python(py, check, value),
                 Some(_) => Err(crate::bridge::out::returned_instead_of_out(check, &value)),
@@ -36,7 +37,7 @@ pub(crate) fn outputs(
         .flatten()
         .zip(places)
         .map(|((dtype, dims), &at)| {
-            let Some((map, offset, len)) = region(&answer.answered, at) else {
+            let Some((map, offset, len)) = region(answer, at) else {
                 return Err(check.error(None, "a worker named memory outside its arena".into()));
             };
             let (dtype, dims) = (*dtype, dims.clone());
@@ -57,22 +58,22 @@ pub(crate) fn outputs(
 /// errors name it).
 pub(crate) fn value<'py>(
     py: pyo3::Python<'py>,
-    answer: &Answer,
+    answer: &Answered,
+    worker: u64,
     op: &str,
     body: &str,
 ) -> Result<pyo3::Bound<'py, pyo3::PyAny>> {
-    let reply = &answer.answered.reply;
+    let reply = &answer.reply;
     if let Reply::Raised { exc, .. } | Reply::LoadFailed { exc } = reply {
-        return Err(worker_error(py, op, body, answer.worker, exc));
+        return Err(worker_error(py, op, body, worker, exc));
     }
-    let Some(value) = reply_value(py, &answer.answered) else {
+    let Some(value) = reply_value(py, answer) else {
         // `wrote` for a call that gave no `out` buffers is refused when the reply is read.
         return Err(Error::op_failure(
             op,
             ErrorKind::WorkerLost,
             format!(
-                "worker {} sent a `{}` reply where a value was due",
-                answer.worker,
+                "worker {worker} sent a `{}` reply where a value was due",
                 reply.kind()
             ),
         ));

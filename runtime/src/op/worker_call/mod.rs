@@ -94,7 +94,14 @@ impl OpInner {
                 role: Role::Output,
                 args,
             };
-            decode::outputs(py, &answer, &self.body_named(), &check, outs.as_deref())
+            decode::outputs(
+                py,
+                &answer.answered,
+                answer.worker,
+                &self.body_named(),
+                &check,
+                outs.as_deref(),
+            )
         })
     }
 
@@ -124,7 +131,13 @@ impl OpInner {
             },
         ))?;
         self.run_python(device, |py| {
-            let returned = decode::value(py, &answer, &self.name, &self.body_named())?;
+            let returned = decode::value(
+                py,
+                &answer.answered,
+                answer.worker,
+                &self.name,
+                &self.body_named(),
+            )?;
             check(py, &returned)
         })
     }
