@@ -2021,10 +2021,8 @@ fn every_message_kind_round_trips_through_a_real_worker() {
         [1 << 20],
         "a result of 4 MiB, past the 1 MiB result arena"
     );
-    for kind in ["array"] {
-        let y = op.call(&[Arg::from(&x), Arg::Str(kind)]).unwrap();
-        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4.], "{kind}");
-    }
+    let y = op.call(&[Arg::from(&x), Arg::Str("array")]).unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4.]);
     let y = op.call(&[Arg::from(&x), Arg::Str("pickled")]).unwrap();
     assert_eq!(y[0].to_vec1::<f32>().unwrap(), [4., 2.]);
     let e = op.call(&[Arg::from(&x), Arg::Str("raised")]).unwrap_err();

@@ -397,13 +397,11 @@ impl Reply {
             }
         };
         match self {
-            Reply::Need { need } => {
-                if *need == 0 || *need > need_cap() {
-                    return Err(bad(
-                        "need",
-                        format!("asks for {need} bytes (0 or more than this machine has)"),
-                    ));
-                }
+            Reply::Need { need } if *need == 0 || *need > need_cap() => {
+                return Err(bad(
+                    "need",
+                    format!("asks for {need} bytes (0 or more than this machine has)"),
+                ));
             }
             Reply::Array {
                 place,
