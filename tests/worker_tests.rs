@@ -1536,7 +1536,7 @@ fn a_worker_leased_by_a_call_that_panics_is_not_reused() {
 #[test]
 #[ignore = "a child process of workers_import_nothing_from_the_current_directory"]
 fn cwd_child() {
-    let code = "import sys, zlib\ndef f(x):\n    return np.array([zlib.crc32(repr(sys.path).encode())], np.int64)";
+    let code = "import sys, zlib\ndef f(x):\n    return np.array([zlib.crc32(repr((sys.path, sys.argv)).encode())], np.int64)";
     let pool = WorkerPool::new(1);
     let in_worker = worker_op(&pool, "path_w", code, &[OutSpec::new(DType::I64)]);
     let in_program = PyOp::builder("path_p")
@@ -1604,7 +1604,7 @@ fn workers_import_nothing_from_the_current_directory() {
         .find_map(|l| l.strip_prefix("PATHS "))
         .expect("PATHS");
     let (w, p) = line.split_once(' ').unwrap();
-    assert_eq!(w, p, "a worker's sys.path is the program's");
+    assert_eq!(w, p, "a worker's sys.path and sys.argv are the program's");
 }
 
 /// Run by `processes_a_body_started_end_with_the_program`: starts a `sleep` from a worker body,
@@ -1826,22 +1826,39 @@ return x.copy()\n";
     let scribble = worker_op(
         &pool,
         "scribble",
-        "import threading, time\n\
+        "import os, threading, time, weakref\n\
          def loop(m):\n    \
          while True:\n        \
          try:\n            m[0:16] = b'\\xff' * 16\n        \
          except Exception:\n            return\n        \
          time.sleep(0.0002)\n\
+         def weak(w):\n    \
+         end = time.time() + 1\n    \
+         while time.time() < end:\n        \
+         m = w()\n        \
+         if m is None: return\n        \
+         m[0:16] = b'\\xff' * 16\n        \
+         del m\n        \
+         time.sleep(0.0002)\n\
          def f(x, how, out=None):\n    \
          if how == 'input': threading.Thread(target=loop, args=(x.base.base,), daemon=True).start()\n    \
          if how == 'out': threading.Thread(target=loop, args=(out.base,), daemon=True).start()\n    \
          if how == 'outmap': threading.Thread(target=loop, args=(out.base.base,), daemon=True).start()\n    \
+         if how == 'weak': threading.Thread(target=weak, args=(weakref.ref(out.base.base.obj),), daemon=True).start()\n    \
+         if how == 'fork' and os.fork() == 0:\n        \
+         end = time.time() + 1\n        \
+         while time.time() < end: out[...] = 99\n        \
+         os._exit(0)\n    \
          np.add(x, 0, out=out)",
         &[OutSpec::like(DType::F32, 0)],
     );
     let x = Tensor::new(&[1f32, 2., 3., 4.], &cpu()).unwrap();
-    for how in ["input", "out", "outmap"] {
-        scribble.call(&[Arg::from(&x), Arg::Str(how)]).unwrap();
+    for how in ["input", "out", "outmap", "weak", "fork"] {
+        let y = scribble.call(&[Arg::from(&x), Arg::Str(how)]).unwrap();
+        if how == "fork" {
+            // A forked child's writes are its own (a thread's race the body's own output).
+            assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1., 2., 3., 4.], "{how}");
+        }
         for i in 0..30 {
             let y = scribble.call(&[Arg::from(&x), Arg::Str("")]).unwrap();
             assert_eq!(
@@ -1878,6 +1895,8 @@ fn forged_sizes_are_protocol_errors_naming_the_field() {
              if what == 'need': forge({{'s': 'need', 'need': 2**64 - 1}})\n    \
              if what == 'bufs': forge({{'s': 'pickled', 'bufs': [[1, 0, 2**63], [1, 0, 2**63]], 'retained': False}})\n    \
              if what == 'shape': forge({{'s': 'array', 'place': [0, 0, 4], 'dtype': '<f4', 'shape': [2**62, 4], 'retained': False}})\n    \
+             if what == 'need1': forge({{'s': 'need', 'need': 1}})\n    \
+             if what == 'start': forge({{'s': 'raised', 'exc': {{'type': 'E', 'module': 'm', 'bases': [], 'message': '', 'traceback': '', 'phase': 'start', 'syntax': None, 'name': None}}, 'retained': False}})\n    \
              if what == 'field': forge({{'s': 'array', 'place': [0, 0, 4], 'dtype': '<f4', 'shape': [1], 'retained': False, 'x': 1}})\n    \
              return x + 1"
         ),
@@ -1889,6 +1908,8 @@ fn forged_sizes_are_protocol_errors_naming_the_field() {
         ("bufs", "`bufs` names bytes"),
         ("shape", "`shape` [4611686018427387904, 4] overflows"),
         ("field", "`header` is not a reply (unknown field `x`"),
+        ("need1", "reply to a result arena"),
+        ("start", "`exc` says the worker failed to start"),
     ] {
         let err = op.call(&[Arg::from(&x), Arg::Str(what)]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::WorkerLost, "{what}: {err}");
@@ -2040,4 +2061,45 @@ fn every_message_kind_round_trips_through_a_real_worker() {
     assert!(e.to_string().contains("only in a worker"), "{e}");
     let stats = pool.stats();
     assert_eq!((stats.started, stats.lost), (1, 0), "{stats:?}");
+}
+
+/// A time limit holds while the request is sent: a worker whose GIL a thread of the body's holds
+/// (so it reads nothing) cannot keep a call with a request larger than the socket's buffer past
+/// its limit (it took 9.9 s for a limit of 300 ms).
+#[test]
+fn a_time_limit_holds_while_the_request_is_sent() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "hog",
+        "import re, threading, time\n\
+         def hog():\n    time.sleep(0.2)\n    re.match(r'(a+)+$', 'a' * 28 + 'b')\n\
+         def f(x, hog_next, big):\n    \
+         if hog_next: threading.Thread(target=hog, daemon=True).start()\n    \
+         return x + 1",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let big = vec![0.5f64; 200_000];
+    op.call(&[Arg::from(&x), Arg::Bool(true), Arg::F64s(&[])])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let err = op
+        .call_with(
+            &[Arg::from(&x), Arg::Bool(false), Arg::F64s(&big)],
+            &CallOptions::new().timeout(Duration::from_millis(300)),
+        )
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let y = op
+        .call(&[Arg::from(&x), Arg::Bool(false), Arg::F64s(&[])])
+        .unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2.]);
 }

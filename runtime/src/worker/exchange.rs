@@ -18,6 +18,8 @@ use super::protocol::{ModuleKey, Reply};
 pub(crate) struct Launch {
     pub python: PathBuf,
     pub sys_path: Vec<String>,
+    /// The embedded interpreter's `sys.argv`.
+    pub argv: Vec<String>,
     /// The environment's `site-packages`, whose `.pth` files a worker runs as the program did.
     pub site_packages: Option<PathBuf>,
     pub importer: &'static str,

@@ -90,6 +90,8 @@ pub(crate) struct Worker {
     loading: bool,
     /// The sequence number of the last request; every reply must echo it.
     seq: u64,
+    /// Whether the socket has a write timeout set (from the last request's deadline).
+    write_limited: bool,
 }
 
 /// Why an exchange ended without a reply.
@@ -193,6 +195,7 @@ impl Worker {
             reaped: false,
             loading: false,
             seq: 0,
+            write_limited: false,
         };
         let init = protocol::frame(
             0,
@@ -200,6 +203,7 @@ impl Worker {
                 site_packages: launch.site_packages.as_deref(),
                 importer: launch.importer,
                 version: launch.version,
+                argv: &launch.argv,
             },
         );
         let deadline = Instant::now().checked_add(START_TIMEOUT);
@@ -281,10 +285,29 @@ impl Worker {
         }
     }
 
-    /// Sends `frame` as the next request (`with_seq` gives it its number).
-    fn request(&mut self, frame: impl FnOnce(u64) -> Vec<u8>) -> Result<(), Broken> {
+    /// Sends `frame` as the next request (`with_seq` gives it its number), by `deadline`: a
+    /// worker that does not read its socket (its GIL held by a thread of the body's, say) cannot
+    /// hold the caller past its time limit with a request larger than the socket's buffer.
+    fn request(
+        &mut self,
+        frame: impl FnOnce(u64) -> Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Broken> {
         self.seq += 1;
-        wire::send(&self.sock, &frame(self.seq), &[]).map_err(io)
+        let limit = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_micros(1))
+        });
+        if limit.is_some() || self.write_limited {
+            self.sock.set_write_timeout(limit).map_err(io)?;
+            self.write_limited = limit.is_some();
+        }
+        wire::send(&self.sock, &frame(self.seq), &[]).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                Broken::Recv(RecvError::TimedOut)
+            }
+            _ => io(e),
+        })
     }
 
     /// Receives the reply to the last request, checking that it is that request's.
@@ -310,8 +333,9 @@ impl Worker {
             return Ok(None);
         }
         self.loading = true;
-        self.request(|seq| protocol::with_seq(seq, &load.message))?;
-        let (reply, _) = self.reply(Instant::now().checked_add(LOAD_TIMEOUT))?;
+        let deadline = Instant::now().checked_add(LOAD_TIMEOUT);
+        self.request(|seq| protocol::with_seq(seq, &load.message), deadline)?;
+        let (reply, _) = self.reply(deadline)?;
         self.loading = false;
         // An earlier generation of this op's module (hot reload) is gone there.
         self.loaded.retain(|k| k.base != load.key.base);
@@ -348,9 +372,9 @@ impl Worker {
             copied_in += bytes.len() as u64;
         }
         let input_len = input.len();
-        self.request(|seq| protocol::with_seq(seq, &ex.call))?;
         // `Duration::MAX` (or any limit past what `Instant` holds): no limit.
         let deadline = ex.timeout.and_then(|t| Instant::now().checked_add(t));
+        self.request(|seq| protocol::with_seq(seq, &ex.call), deadline)?;
         loop {
             let (reply, payload) = self.reply(deadline)?;
             let result_len = self.result.as_ref().map_or(0, Arena::len);
@@ -364,7 +388,12 @@ impl Worker {
                     self.send_arena(1, &arena).map_err(io)?;
                     self.result = Some(arena);
                     self.small_calls[1] = 0;
-                    continue;
+                    // The worker says it mapped it before it writes there: a `need` it did not
+                    // send (a body forging one) cannot leave the two sides with other arenas.
+                    match self.reply(deadline)?.0 {
+                        Reply::Mapped {} => continue,
+                        other => return Err(unexpected(&other, "a result arena")),
+                    }
                 }
                 Reply::Array { retained, .. }
                 | Reply::Pickled { retained, .. }
@@ -453,8 +482,9 @@ impl Worker {
                 key: &load.key,
                 fns,
             };
-            w.request(|seq| protocol::frame(seq, &ping))?;
-            match w.reply(Instant::now().checked_add(limit))?.0 {
+            let deadline = Instant::now().checked_add(limit);
+            w.request(|seq| protocol::frame(seq, &ping), deadline)?;
+            match w.reply(deadline)?.0 {
                 pong @ Reply::Pong { .. } => Ok(pong),
                 other => Err(unexpected(&other, "a ping")),
             }

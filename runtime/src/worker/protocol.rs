@@ -118,6 +118,8 @@ pub(crate) enum Request<'a> {
         site_packages: Option<&'a Path>,
         importer: &'a str,
         version: [u32; 2],
+        /// The program's `sys.argv`, which the worker's becomes.
+        argv: &'a [String],
     },
     /// An arena (the descriptor rides with the frame): 0 inputs and `out` buffers, 1 results.
     /// Never answered.
@@ -232,6 +234,8 @@ pub(crate) enum Reply {
     /// The result arena is too small for this call's results: the program sends one of at least
     /// `need` bytes, then the reply comes.
     Need { need: u64 },
+    /// The result arena sent after a `need` is mapped (a struct variant, as `Loaded`).
+    Mapped {},
     /// A plain C-ordered array, its bytes at `place`.
     Array {
         place: Place,
@@ -427,6 +431,12 @@ impl Reply {
                     ));
                 }
             }
+            Reply::Raised { exc, .. } if exc.phase == Phase::Start => {
+                return Err(bad(
+                    "exc",
+                    "says the worker failed to start, after its start",
+                ));
+            }
             Reply::Pickled { bufs, .. } => {
                 for p in bufs {
                     count(&p.check("bufs", lens)?);
@@ -467,6 +477,7 @@ impl Reply {
             Reply::Loaded {} => "loaded",
             Reply::LoadFailed { .. } => "load_failed",
             Reply::Need { .. } => "need",
+            Reply::Mapped {} => "mapped",
             Reply::Array { .. } => "array",
             Reply::Pickled { .. } => "pickled",
             Reply::Wrote { .. } => "wrote",
@@ -515,6 +526,7 @@ mod tests {
             r#"{"q":1,"m":{"s":"loaded"}}"#.to_owned(),
             format!(r#"{{"q":1,"m":{{"s":"load_failed","exc":{EXC}}}}}"#),
             r#"{"q":1,"m":{"s":"need","need":4096}}"#.to_owned(),
+            r#"{"q":1,"m":{"s":"mapped"}}"#.to_owned(),
             r#"{"q":1,"m":{"s":"array","place":[0,0,8],"dtype":"<f4","shape":[2],"retained":false}}"#.to_owned(),
             r#"{"q":1,"m":{"s":"pickled","bufs":[[1,64,8]],"retained":true}}"#.to_owned(),
             r#"{"q":1,"m":{"s":"wrote","outs":[[0,0,8]],"retained":false}}"#.to_owned(),
@@ -534,6 +546,7 @@ mod tests {
                 "loaded",
                 "load_failed",
                 "need",
+                "mapped",
                 "array",
                 "pickled",
                 "wrote",
@@ -575,6 +588,8 @@ mod tests {
         let lens = [1 << 20, 64];
         let need = |n: u64| Reply::Need { need: n }.check(lens, None);
         assert!(need(4096).is_ok());
+        assert!(need(need_cap()).is_ok(), "up to the machine's memory");
+        assert_eq!(need(need_cap() + 1).err().unwrap().field, "need");
         assert_eq!(need(u64::MAX).err().unwrap().field, "need");
         assert_eq!(need(0).err().unwrap().field, "need");
         let pickled = |bufs: Vec<Place>| {
@@ -585,6 +600,11 @@ mod tests {
             .check(lens, None)
         };
         assert_eq!(pickled(vec![Place(1, 0, 64)]).unwrap().copied_out, 64);
+        let e = pickled(vec![Place(1, 1, 64)]).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "sent a reply whose `bufs` names bytes 1+64, outside its arena of 64"
+        );
         assert_eq!(pickled(vec![Place(0, 0, 64)]).unwrap().copied_out, 0);
         for p in [
             Place(1, 1, 64),
@@ -613,7 +633,15 @@ mod tests {
             array("<f4", vec![1 << 62, 4], 0).err().unwrap().field,
             "shape"
         );
-        assert_eq!(array("O", vec![1], 8).err().unwrap().field, "dtype");
+        assert!(array("<c16", vec![2], 32).is_ok());
+        assert!(array("|u1", vec![3], 3).is_ok());
+        for bad in ["O", "<f", "<f0", "xf4", "<x4", "<f4x", "<f123", "<V8"] {
+            assert_eq!(
+                array(bad, vec![1], 8).err().unwrap().field,
+                "dtype",
+                "{bad}"
+            );
+        }
         assert_eq!(array("<V8", vec![1], 8).err().unwrap().field, "dtype");
         let wrote = |outs: Vec<Place>, sizes: Option<&[usize]>| {
             Reply::Wrote {
@@ -656,6 +684,8 @@ mod tests {
                     u: vec![WireArg::Int(-1), WireArg::UInt(u64::MAX)],
                 },
                 WireArg::float(f64::NAN),
+                WireArg::float(f64::INFINITY),
+                WireArg::float(f64::NEG_INFINITY),
                 WireArg::List(vec![WireArg::Bool(true), WireArg::Str("s")]),
                 WireArg::Float(0.5),
                 WireArg::None,
@@ -664,7 +694,7 @@ mod tests {
         };
         assert_eq!(
             String::from_utf8(frame(9, &call)).unwrap(),
-            r#"{"q":9,"m":{"op":"call","key":{"base":"a#1.0#2","generation":3},"function":"f","args":[{"t":{"at":64,"dtype":"float32","shape":[4],"strides":[0]}},{"u":[-1,18446744073709551615]},{"f":"nan"},[true,"s"],0.5,null],"out":null}}"#
+            r#"{"q":9,"m":{"op":"call","key":{"base":"a#1.0#2","generation":3},"function":"f","args":[{"t":{"at":64,"dtype":"float32","shape":[4],"strides":[0]}},{"u":[-1,18446744073709551615]},{"f":"nan"},{"f":"inf"},{"f":"-inf"},[true,"s"],0.5,null],"out":null}}"#
         );
         let load = Request::Load {
             key: &key,

@@ -50,10 +50,6 @@ pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
-/// The longest reply frame a worker may send: its large buffers travel in shared memory, so a
-/// longer one is a worker out of step (and would be a huge allocation on its word).
-const MAX_FRAME: usize = 1 << 30;
-
 /// Waits for one frame until `deadline`, every byte of it. `alive` is the worker's pidfd, when
 /// the kernel has them: a worker that died is noticed even if a process it forked still holds
 /// its end of the socket open.
@@ -65,12 +61,14 @@ pub(crate) fn recv(
     let mut len = [0u8; 4];
     read_full(sock, &mut len, deadline, alive)?;
     let n = u32::from_le_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Err(RecvError::Io(std::io::Error::other(format!(
-            "a reply frame of {n} bytes"
-        ))));
+    let too_large = || RecvError::Io(std::io::Error::other(format!("a reply frame of {n} bytes")));
+    if n as u64 > super::protocol::need_cap() {
+        return Err(too_large());
     }
-    let mut frame = vec![0u8; n];
+    // Allocated only if the memory is there: a frame never aborts the program.
+    let mut frame = Vec::new();
+    frame.try_reserve_exact(n).map_err(|_| too_large())?;
+    frame.resize(n, 0);
     read_full(sock, &mut frame, deadline, alive)?;
     Ok(frame)
 }

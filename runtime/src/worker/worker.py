@@ -47,6 +47,7 @@ import socket
 import sys
 import traceback
 import types
+import weakref
 from select import select as _select
 from os import sched_yield as _sched_yield
 from time import perf_counter as _perf_counter
@@ -57,6 +58,7 @@ _SOCK = socket.socket(fileno=os.dup(3))
 os.close(3)
 _PYOP = "<pyop>"
 _ALIGN = 64
+_MAX_PICKLE = (1 << 32) - (1 << 20)  # a frame's length is 4 bytes; room for the header
 _seq = 0  # the sequence number of the request being served
 _forked = False
 
@@ -70,9 +72,37 @@ def _in_forked_child():
         _SOCK.close()
     except OSError:
         pass
+    # The arenas are shared with the program: the child gets private copies in their place, as a
+    # forked process in the program gets copy-on-write memory, so nothing it writes (an `out`
+    # buffer it kept) reaches the program or a later call, and nothing the program writes next
+    # reaches it.
+    for arena in list(_all_arenas):
+        arena.privatize()
 
 
 os.register_at_fork(after_in_child=_in_forked_child)
+_all_arenas = weakref.WeakSet()  # every arena still mapped here (a kept view may hold an old one)
+
+
+def _private_copy(m, size, readonly):
+    """Replaces the shared mapping `m` by a private anonymous one with the same bytes, at the same
+    address (`MAP_FIXED`), so the Python objects viewing it stay valid."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    addr = _address(m)
+    saved = bytes(m)
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    got = libc.mmap(addr, size, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x10, -1, 0)
+    if got != addr:  # 0x10: MAP_FIXED
+        os._exit(73)
+    ctypes.memmove(addr, saved, size)
+    if readonly:
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.mprotect(addr, size, mmap.PROT_READ)
 
 
 def _exit_quietly():
@@ -132,7 +162,7 @@ class _ProtocolError(Exception):
 
 # Every request and its exact fields (protocol.rs `Request`; a load's fields by its kind).
 _REQUESTS = {
-    "init": {"site_packages", "importer", "version"},
+    "init": {"site_packages", "importer", "version", "argv"},
     "arena": {"which", "size"},
     "call": {"key", "function", "args", "out"},
     "ping": {"key", "fns"},
@@ -182,6 +212,12 @@ class _Arena:
         self.view = memoryview(self.map)
         # The mappings' addresses, to tell whether a result's buffer lies inside one.
         self.addrs = [_address(m) for m in (self.map, self.ro) if m is not None]
+        _all_arenas.add(self)
+
+    def privatize(self):
+        for m, readonly in ((self.map, False), (self.ro, True)):
+            if m is not None and not m.closed:
+                _private_copy(m, self.size, readonly)
 
     def offset_of(self, addr, n):
         for a in self.addrs:
@@ -310,7 +346,9 @@ class _Views:
         return self.rw[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
-        return any(sys.getrefcount(w[0]) > w[1] for w in self.watched)
+        # A weak reference to an array or a mapping is a way back to it too.
+        return any(sys.getrefcount(w[0]) > w[1] or weakref.getweakrefcount(w[0])
+                   for w in self.watched)
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -564,6 +602,7 @@ def _call(msg):
         if nxt["op"] != "arena" or nxt["which"] != 1:
             raise _ProtocolError("a need was answered with %r" % nxt["op"])
         _map_or_exit(1, nfds, nxt["size"])
+        _send({"s": "mapped"})
         res = _arenas[1]
     for off, raw in to_copy:
         res.view[off:off + raw.nbytes] = raw
@@ -573,6 +612,13 @@ def _call(msg):
     elif arr is not None:
         _send({"s": "array", "place": placed[0], "dtype": arr[0], "shape": arr[1],
                "retained": retained})
+    elif len(payload) > _MAX_PICKLE:
+        _send({"s": "raised", "retained": retained, "exc": {
+            "type": "OverflowError", "module": "builtins",
+            "bases": ["OverflowError", "ArithmeticError", "Exception", "BaseException"],
+            "message": "the result pickles to %d bytes, more than a reply can carry (4 GiB); "
+                       "return it as an array" % len(payload),
+            "traceback": "", "phase": "result", "syntax": None, "name": None}})
     else:
         _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
 
@@ -631,6 +677,7 @@ def _main():
         # Another Python than the program's: its path would import the wrong standard library.
         _send({"s": "wrong_version", "version": sys.version.split()[0]})
         return
+    sys.argv[:] = init["argv"]
     if init["site_packages"]:
         # As the program does: its environment's .pth files (editable installs, import hooks).
         import site

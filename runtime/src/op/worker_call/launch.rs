@@ -36,6 +36,10 @@ pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
             .getattr("path")
             .and_then(|p| p.extract())
             .map_err(|e| crate::python::errors::python_error(py, op, e))?;
+        let argv: Vec<String> = sys
+            .getattr("argv")
+            .and_then(|a| a.extract())
+            .unwrap_or_else(|_| vec![String::new()]);
         let version: (u32, u32) = sys
             .getattr("version_info")
             .and_then(|v| Ok((v.get_item(0)?.extract()?, v.get_item(1)?.extract()?)))
@@ -47,6 +51,7 @@ pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
         Ok(Launch {
             python,
             sys_path,
+            argv,
             site_packages: env.and_then(|e| e.site_packages.clone()),
             importer: crate::body::package::IMPORTER,
             version: [version.0, version.1],
