@@ -2103,3 +2103,32 @@ fn a_time_limit_holds_while_the_request_is_sent() {
         .unwrap();
     assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2.]);
 }
+
+/// A dropped op's module is unloaded from the workers of a shared pool, as the program frees it
+/// (60 ops built and dropped on one pool kept 60 modules and 644 MB in its worker).
+#[test]
+fn a_dropped_ops_module_is_unloaded_from_its_workers() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let count = worker_op(
+        &pool,
+        "count_modules",
+        "import sys\ndef f(x):\n    return np.array([len(sys._getframe(1).f_globals['_modules'])], np.float32)",
+        &[OutSpec::new(DType::F32)],
+    );
+    for i in 0..5 {
+        let op = worker_op(
+            &pool,
+            &format!("dyn{i}"),
+            "G = np.ones(10 << 20, np.uint8)\ndef f(x):\n    return x + 1",
+            &[OutSpec::new(DType::F32)],
+        );
+        op.call(&[Arg::from(&x)]).unwrap();
+        drop(op);
+    }
+    let n = count.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(n, [1.], "only the counting op's module is left");
+}

@@ -69,6 +69,10 @@ pub(crate) struct PoolInner {
     calls: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// The module bases of ops that are gone: each worker unloads those it has, before its next
+    /// call (`Lease::worker`). `dropped_version` counts changes, so a call checks it for free.
+    dropped: Mutex<std::collections::HashSet<String>>,
+    dropped_version: AtomicU64,
 }
 
 struct PoolState {
@@ -142,6 +146,8 @@ impl WorkerPool {
                 calls: AtomicU64::new(0),
                 bytes_in: AtomicU64::new(0),
                 bytes_out: AtomicU64::new(0),
+                dropped: Mutex::new(std::collections::HashSet::new()),
+                dropped_version: AtomicU64::new(0),
             }),
         }
     }
@@ -343,9 +349,30 @@ impl WorkerPool {
     }
 }
 
+impl WorkerPool {
+    /// The op whose modules are under `base` is gone: its workers unload them (before their next
+    /// call), as the program frees a dropped op's module.
+    pub(crate) fn forget(&self, base: &str) {
+        let p = &self.inner;
+        p.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(base.to_owned());
+        p.dropped_version.fetch_add(1, Relaxed);
+    }
+}
+
 impl Lease {
+    /// The leased worker, once it has unloaded the modules of ops that are gone.
     pub(crate) fn worker(&mut self) -> &mut Worker {
-        self.worker.as_mut().expect("a leased worker")
+        let w = self.worker.as_mut().expect("a leased worker");
+        let version = self.pool.dropped_version.load(Relaxed);
+        if w.dropped_seen != version {
+            let dropped = self.pool.dropped.lock().unwrap_or_else(|e| e.into_inner());
+            w.unload(&dropped);
+            w.dropped_seen = version;
+        }
+        w
     }
 
     /// Counts one call run in this worker.

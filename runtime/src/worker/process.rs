@@ -92,6 +92,8 @@ pub(crate) struct Worker {
     seq: u64,
     /// Whether the socket has a write timeout set (from the last request's deadline).
     write_limited: bool,
+    /// The pool's count of dropped ops this worker has unloaded up to.
+    pub dropped_seen: u64,
 }
 
 /// Why an exchange ended without a reply.
@@ -196,6 +198,7 @@ impl Worker {
             loading: false,
             seq: 0,
             write_limited: false,
+            dropped_seen: 0,
         };
         let init = protocol::frame(
             0,
@@ -463,6 +466,28 @@ impl Worker {
             }
         } else {
             self.small_calls[which] = 0;
+        }
+    }
+
+    /// Unloads the modules of the bases in `dropped` that this worker has (never answered; a
+    /// worker that cannot be told is lost at its next call).
+    pub(crate) fn unload(&mut self, dropped: &HashSet<String>) {
+        let mut bases: Vec<String> = self
+            .loaded
+            .iter()
+            .chain(self.failed_loads.keys())
+            .filter(|k| dropped.contains(&k.base))
+            .map(|k| k.base.clone())
+            .collect();
+        bases.sort();
+        bases.dedup();
+        for base in bases {
+            let msg = protocol::frame(self.seq, &Request::Unload { base: &base });
+            if wire::send(&self.sock, &msg, &[]).is_err() {
+                return;
+            }
+            self.loaded.retain(|k| k.base != base);
+            self.failed_loads.retain(|k, _| k.base != base);
         }
     }
 

@@ -137,6 +137,8 @@ pub(crate) enum Request<'a> {
         args: Vec<WireArg<'a>>,
         out: Option<Vec<OutRef>>,
     },
+    /// Drop every module of `base` (its op is gone). Never answered.
+    Unload { base: &'a str },
     /// Which of `fns` the module `key` lacks (`validate()`).
     Ping {
         key: &'a ModuleKey,

@@ -7,6 +7,7 @@ use super::protocol::Reply;
 pub(crate) struct Worker {
     pub id: u64,
     pub pid: u32,
+    pub dropped_seen: u64,
     never: std::convert::Infallible,
 }
 
@@ -29,6 +30,10 @@ impl Worker {
         _fns: &[&str],
         _limit: std::time::Duration,
     ) -> Result<Reply, Failure> {
+        match self.never {}
+    }
+
+    pub(crate) fn unload(&mut self, _dropped: &std::collections::HashSet<String>) {
         match self.never {}
     }
 

@@ -164,6 +164,7 @@ class _ProtocolError(Exception):
 _REQUESTS = {
     "init": {"site_packages", "importer", "version", "argv"},
     "arena": {"which", "size"},
+    "unload": {"base"},
     "call": {"key", "function", "args", "out"},
     "ping": {"key", "fns"},
 }
@@ -706,6 +707,12 @@ def _main():
             op = msg["op"]
             if op == "arena":
                 _map_or_exit(msg["which"], fds, msg["size"])
+            elif op == "unload":
+                # Never answered: the op is gone in the program, its modules go here.
+                for old in [k for k in _modules if k[0] == msg["base"]]:
+                    del _modules[old]
+                import gc
+                gc.collect()
             elif op == "call":
                 _call(msg)
             elif op == "load":

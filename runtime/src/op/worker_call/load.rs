@@ -51,6 +51,13 @@ impl Workers {
     }
 }
 
+impl Drop for Workers {
+    /// The op is gone: its workers unload its modules, as the program frees its module.
+    fn drop(&mut self) {
+        self.pool.forget(&self.base);
+    }
+}
+
 fn same_text(a: &Source, b: &Source) -> bool {
     match (a, b) {
         (Source::Package { files: x, .. }, Source::Package { files: y, .. }) => x == y,
