@@ -652,6 +652,18 @@ mod tests {
             }
             .check(lens, sizes)
         };
+        let raised = |phase: &str| {
+            let json = EXC.replace("\"call\"", &format!("\"{phase}\""));
+            let header = format!(r#"{{"q":1,"m":{{"s":"raised","exc":{json},"retained":false}}}}"#);
+            reply(&header).unwrap().check(lens, None)
+        };
+        assert!(raised("call").is_ok());
+        assert!(raised("worker").is_ok());
+        assert_eq!(
+            raised("start").err().unwrap().field,
+            "exc",
+            "only a start says so"
+        );
         assert!(wrote(vec![Place(0, 0, 8)], Some(&[8])).is_ok());
         assert_eq!(
             wrote(vec![Place(0, 0, 8)], Some(&[4])).err().unwrap().field,
