@@ -2132,3 +2132,99 @@ fn a_dropped_ops_module_is_unloaded_from_its_workers() {
         .unwrap();
     assert_eq!(n, [1.], "only the counting op's module is left");
 }
+
+/// The same op in the program and in a worker (numpy mode, `tout = like(x)`).
+fn both_ways(pool: &WorkerPool, name: &str, code: &str) -> (PyOp, PyOp) {
+    let tout = [OutSpec::same_as(0)];
+    let program = PyOp::builder(format!("{name}_p"))
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.clone())
+        .build()
+        .unwrap();
+    (worker_op(pool, name, code, &tout), program)
+}
+
+/// Every dtype NumPy holds crosses with its own dtype and values, as in the program.
+#[test]
+fn every_dtype_crosses_as_in_the_program() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let (worker, program) = both_ways(&pool, "dtypes", "def f(x):\n    return x * 2");
+    let base = Tensor::arange(0u32, 6, &cpu()).unwrap();
+    for dtype in [
+        DType::U8,
+        DType::U32,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+    ] {
+        let x = base
+            .to_dtype(dtype)
+            .unwrap()
+            .reshape((2, 3))
+            .unwrap()
+            .t()
+            .unwrap();
+        let w = &worker.call(&[Arg::from(&x)]).unwrap()[0];
+        let p = &program.call(&[Arg::from(&x)]).unwrap()[0];
+        assert_eq!(w.dtype(), dtype);
+        let values = |t: &Tensor| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        assert_eq!(values(w), values(p), "{dtype:?}");
+        assert_eq!(values(w), [0., 6., 2., 8., 4., 10.], "{dtype:?}");
+    }
+}
+
+/// `out` buffers lie apart from the inputs in shared memory: a body that fills its `out` before
+/// reading its input reads the input.
+#[test]
+fn out_buffers_never_overlap_inputs() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let (worker, _) = both_ways(
+        &pool,
+        "apart",
+        "def f(x, y, out=None):\n    out[...] = -1\n    np.add(x, y, out=out)",
+    );
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    let y = Tensor::new(&[10f32, 20., 30.], &cpu()).unwrap();
+    let z = worker.call(&[Arg::from(&x), Arg::from(&y)]).unwrap();
+    assert_eq!(z[0].to_vec1::<f32>().unwrap(), [11., 22., 33.]);
+}
+
+/// `out` buffers larger than the machine's memory are refused before any arena is made, as in
+/// the program (a 4 TiB buffer would otherwise be a sparse memfd the body then fills).
+#[test]
+fn out_buffers_larger_than_memory_are_refused() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let (worker, program) = both_ways(
+        &pool,
+        "huge_out",
+        "def f(x, out=None):\n    np.add(x, 1, out=out)",
+    );
+    let x = Tensor::new(&[1f32], &cpu())
+        .unwrap()
+        .broadcast_as((1usize << 40,))
+        .unwrap();
+    let w = worker.call(&[Arg::from(&x)]).unwrap_err();
+    let p = program.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(w.kind(), ErrorKind::ResourceExhausted, "{w}");
+    assert_eq!(p.kind(), ErrorKind::ResourceExhausted, "{p}");
+    assert_eq!(
+        pool.stats().bytes_in,
+        0,
+        "refused before anything was written"
+    );
+}
