@@ -36,6 +36,17 @@ fn worker_op(pool: &WorkerPool, name: &str, code: &str, tout: &[OutSpec]) -> PyO
         .unwrap()
 }
 
+/// The op `worker_op` builds, run in the program instead: the same body to compare against.
+fn program_op(name: &str, code: &str, tout: &[OutSpec]) -> PyOp {
+    PyOp::builder(name)
+        .code(format!("import numpy as np\n{code}"))
+        .function("f")
+        .numpy()
+        .tout(tout.iter().cloned())
+        .build()
+        .unwrap()
+}
+
 fn in_workers(code: &str, tout: &[OutSpec]) -> PyOp {
     worker_op(table_pool(), "rule", code, tout)
 }
@@ -1539,13 +1550,7 @@ fn cwd_child() {
     let code = "import sys, zlib\ndef f(x):\n    return np.array([zlib.crc32(repr((sys.path, sys.argv)).encode())], np.int64)";
     let pool = WorkerPool::new(1);
     let in_worker = worker_op(&pool, "path_w", code, &[OutSpec::new(DType::I64)]);
-    let in_program = PyOp::builder("path_p")
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout([OutSpec::new(DType::I64)])
-        .build()
-        .unwrap();
+    let in_program = program_op("path_p", code, &[OutSpec::new(DType::I64)]);
     let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
     let w = in_worker.call(&[Arg::from(&x)]).unwrap()[0]
         .to_vec1::<i64>()
@@ -1697,13 +1702,7 @@ fn inputs_cross_as_the_storage_they_view() {
     assert_eq!(pool.stats().bytes_in, 4, "one element in the arena");
     let code = "def f(x):\n    return np.array(x.strides + x.shape + (float(x.sum()), x.flags.writeable), np.float64)";
     let worker = worker_op(&pool, "strides", code, &[OutSpec::new(DType::F64)]);
-    let program = PyOp::builder("strides_p")
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout([OutSpec::new(DType::F64)])
-        .build()
-        .unwrap();
+    let program = program_op("strides_p", code, &[OutSpec::new(DType::F64)]);
     let m = Tensor::arange(0f32, 12., &cpu())
         .unwrap()
         .reshape((3, 4))
@@ -1755,13 +1754,7 @@ if kind == 'dict': return D(k=7.0)\n";
     let pool = WorkerPool::new(1);
     let tout = [OutSpec::new(DType::F64)];
     let worker = worker_op(&pool, "subclass", code, &tout);
-    let program = PyOp::builder("subclass_p")
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout(tout.clone())
-        .build()
-        .unwrap();
+    let program = program_op("subclass_p", code, &tout);
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
     let show = |r: pyop::Result<Vec<Tensor>>| match r {
         Ok(t) => format!(
@@ -1800,13 +1793,7 @@ return x.copy()\n";
     let pool = WorkerPool::new(1);
     let tout = [OutSpec::new(DType::F32)];
     let worker = worker_op(&pool, "readonly", code, &tout);
-    let program = PyOp::builder("readonly_p")
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout(tout.clone())
-        .build()
-        .unwrap();
+    let program = program_op("readonly_p", code, &tout);
     let x = Tensor::new(&[1f32, 2.], &cpu()).unwrap();
     for how in ["setflags", "base"] {
         let args = [Arg::from(&x), Arg::Str(how)];
@@ -2136,13 +2123,7 @@ fn a_dropped_ops_module_is_unloaded_from_its_workers() {
 /// The same op in the program and in a worker (numpy mode, `tout = like(x)`).
 fn both_ways(pool: &WorkerPool, name: &str, code: &str) -> (PyOp, PyOp) {
     let tout = [OutSpec::same_as(0)];
-    let program = PyOp::builder(format!("{name}_p"))
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .tout(tout.clone())
-        .build()
-        .unwrap();
+    let program = program_op(&format!("{name}_p"), code, &tout);
     (worker_op(pool, name, code, &tout), program)
 }
 

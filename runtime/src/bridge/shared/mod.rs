@@ -84,27 +84,25 @@ pub(crate) fn reply_value<'py>(
     py: Python<'py>,
     answer: &Answered,
 ) -> Option<PyResult<Bound<'py, PyAny>>> {
-    let value = || match &answer.reply {
+    match &answer.reply {
         Reply::Array {
             place,
             dtype,
             shape,
             ..
-        } => {
-            let bytes = shared_bytes(py, answer, *place)?;
+        } => Some(shared_bytes(py, answer, *place).and_then(|bytes| {
             // A read-only view of its bytes, of a plain dtype (as a pickled array's are).
             glue_fn(py, "_array")?.call1((dtype.as_str(), shape.clone(), bytes))
-        }
-        Reply::Pickled { bufs, .. } => {
+        })),
+        Reply::Pickled { bufs, .. } => Some((|| {
             let buffers = PyList::empty(py);
             for buf in bufs {
                 buffers.append(shared_bytes(py, answer, *buf)?)?;
             }
             glue_fn(py, "loads")?.call1((PyBytes::new(py, &answer.payload), buffers))
-        }
-        _ => unreachable!("matched below"),
-    };
-    matches!(answer.reply, Reply::Array { .. } | Reply::Pickled { .. }).then(value)
+        })()),
+        _ => None,
+    }
 }
 
 /// Where a place of a checked answer lies: the mapping, the offset and the length (checked again

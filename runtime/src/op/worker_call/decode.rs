@@ -21,7 +21,8 @@ pub(crate) fn outputs(
     outs: Option<&[(DType, Vec<usize>)]>,
 ) -> Result<Outputs> {
     let places = match (&answer.reply, outs) {
-        (Reply::Wrote { outs: places, .. }, Some(outs)) if places.len() == outs.len() => places,
+        // `Reply::check` refused a `wrote` naming another count of buffers than were sent.
+        (Reply::Wrote { outs: places, .. }, Some(_)) => places,
         (_, outs) => {
             let value = value(py, answer, worker, check.op, body)?;
             return match outs {
