@@ -522,7 +522,16 @@ fn main() {
         })
     });
     type Ident = fn(&Tensor) -> pyop::Result<Tensor>;
-    for (mode, op) in [("tensor", tensor_ident as Ident), ("numpy", numpy_ident)] {
+    // A worker round trip from those threads too (where a program's pool of threads calls a
+    // worker op).
+    for (mode, op) in [
+        ("tensor", tensor_ident as Ident),
+        ("numpy", numpy_ident),
+        ("worker", worker_ident),
+    ] {
+        if mode == "worker" && !device().is_cpu() {
+            continue;
+        }
         for place in Place::ALL {
             report(&format!("{mode}_ident_1_{}", place.name()), || {
                 let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
