@@ -56,6 +56,16 @@ fn pyloop_in_process(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
 #[py_op(code = PYLOOP, name = "pyloop", numpy, workers = 2, tout = f32)]
 fn pyloop_workers(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
 
+/// The same loop timed by itself, inside the body (`time.perf_counter` around it): where a
+/// Python loop runs faster or slower, apart from any call's cost.
+const PYLOOP_TIMED: &str = "import time\nimport numpy as np\ndef pyloop(x, n):\n    t = time.perf_counter()\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return np.float64(time.perf_counter() - t)";
+
+#[py_op(code = PYLOOP_TIMED, name = "pyloop", numpy, tout = f64)]
+fn pyloop_timed_in_process(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+
+#[py_op(code = PYLOOP_TIMED, name = "pyloop", numpy, workers = 1, tout = f64)]
+fn pyloop_timed_worker(x: &Tensor, n: usize) -> pyop::Result<Tensor>;
+
 #[py_op(code = "def ident(x):\n    return x", name = "ident", tout = f32)]
 fn tensor_ident(x: &Tensor) -> pyop::Result<Tensor>;
 
@@ -327,8 +337,15 @@ fn pyloop_threads(
     })
 }
 
-/// Loop iterations that make `pyloop` take about 1 ms here, in the program.
+/// Loop iterations that make `pyloop` take about 1 ms here, in the program (measured each run).
 fn pyloop_iters() -> usize {
+    // `PYLOOP_ITERS` fixes it (to compare runs).
+    if let Some(n) = std::env::var("PYLOOP_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
     let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
     let n = 20_000;
     pyloop_in_process(&x, n).unwrap();
@@ -338,6 +355,148 @@ fn pyloop_iters() -> usize {
     }
     let per = t.elapsed() / 5;
     ((n as f64) * 1e-3 / per.as_secs_f64()).round().max(1.0) as usize
+}
+
+/// The loop of `PYLOOP_TIMED` in a plain `python -c` (the venv's interpreter), with
+/// NumPy imported as in a worker: the median of `calls` timed loops of `iters` iterations.
+fn python_process_loop(iters: usize, calls: usize) -> Duration {
+    let python = venv_python();
+    let code = format!(
+        "import time, numpy\n\
+         def pyloop(n):\n    t = time.perf_counter()\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return time.perf_counter() - t\n\
+         [pyloop({iters}) for _ in range(5)]\n\
+         ts = sorted(pyloop({iters}) for _ in range({calls}))\n\
+         print(ts[len(ts) // 2])"
+    );
+    let out = std::process::Command::new(python)
+        .args(["-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Duration::from_secs_f64(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap(),
+    )
+}
+
+/// The venv's interpreter, as `scripts/dev.sh` sets it up (its NumPy), else `python3`.
+fn venv_python() -> std::path::PathBuf {
+    std::env::var_os("VIRTUAL_ENV").map_or("python3".into(), |v| {
+        std::path::Path::new(&v).join("bin/python")
+    })
+}
+
+/// `python_numpy_start`: a plain `python -c "import numpy"` of that interpreter, start to exit,
+/// median of REPS: what a worker start is measured against.
+fn python_numpy_start() -> Duration {
+    let python = venv_python();
+    let once = || {
+        let t = Instant::now();
+        let status = std::process::Command::new(&python)
+            .args(["-c", "import numpy"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        t.elapsed()
+    };
+    once();
+    median((0..reps()).map(|_| once()).collect())
+}
+
+/// The environment variable that makes this binary the echoing peer of `ipc_pingpong_blocking`.
+const ECHO_PEER: &str = "PYOP_BENCH_ECHO_PEER";
+
+/// The peer of `ipc_pingpong_blocking`: reads 4 bytes from fd 3 and writes them back, blocking,
+/// until the socket closes. Runs before anything else in `main`.
+fn echo_peer() -> ! {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    // SAFETY: the parent put the socket on fd 3 for this process, and nothing else owns it.
+    let mut sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(3) };
+    let mut buf = [0u8; 4];
+    while sock.read_exact(&mut buf).is_ok() {
+        if sock.write_all(&buf).is_err() {
+            break;
+        }
+    }
+    std::process::exit(0)
+}
+
+/// `ipc_pingpong_blocking`: the round trip of 4 bytes between this process and another over a
+/// socket pair, both sides blocking in `read` (no spinning): the floor a worker's round trip is
+/// measured against. `n` round trips a timed run, median of REPS.
+fn ipc_pingpong_blocking(n: usize) -> Duration {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.env(ECHO_PEER, "1");
+    // SAFETY: dup2 is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(theirs);
+    let mut buf = [0u8; 4];
+    let mut trip = || {
+        ours.write_all(&[1, 2, 3, 4]).unwrap();
+        ours.read_exact(&mut buf).unwrap();
+    };
+    (0..n.min(1000)).for_each(|_| trip());
+    let per = median(
+        (0..reps())
+            .map(|_| {
+                let t = Instant::now();
+                (0..n).for_each(|_| trip());
+                t.elapsed() / n as u32
+            })
+            .collect(),
+    );
+    drop(ours);
+    child.wait().unwrap();
+    per
+}
+
+/// CPU-bound processes beside the bench while it lives (the "busy" cases): a shell loop each,
+/// killed when dropped.
+struct Busy(Vec<std::process::Child>);
+
+impl Busy {
+    fn start(n: usize) -> Busy {
+        Busy(
+            (0..n)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// How long a worker takes to start (its interpreter and NumPy, until ready), the median of
@@ -440,6 +599,9 @@ impl Place {
 }
 
 fn main() {
+    if std::env::var_os(ECHO_PEER).is_some() {
+        echo_peer();
+    }
     pyop::validate().expect("the benchmarked ops are declared right");
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag: keep
     // that run short.
@@ -549,7 +711,33 @@ fn main() {
     // on the GIL; in 2 workers they run side by side.
     let iters = if quick { 100 } else { pyloop_iters() };
     let calls = if quick { 2 } else { 100 };
+    report("python_numpy_start", python_numpy_start);
     report("worker_start", worker_start);
+    report("ipc_pingpong_blocking", || {
+        ipc_pingpong_blocking(if quick { 10 } else { 5000 })
+    });
+    // The loop alone, timed inside the body: in the program, in a worker, and in a plain
+    // `python -c` of the same interpreter (medians of per-call loop times).
+    type Timed = fn(&Tensor, usize) -> pyop::Result<Tensor>;
+    for (place, op) in [
+        ("inprocess", pyloop_timed_in_process as Timed),
+        ("worker", pyloop_timed_worker),
+    ] {
+        report(&format!("pyloop_inner_{place}"), || {
+            let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+            let time = || {
+                let t = op(&x, iters).unwrap().to_scalar::<f64>().unwrap();
+                Duration::from_secs_f64(t)
+            };
+            (0..5).for_each(|_| {
+                time();
+            });
+            median((0..calls.max(reps())).map(|_| time()).collect())
+        });
+    }
+    report("pyloop_inner_python", || {
+        python_process_loop(iters, calls.max(reps()))
+    });
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
     for (place, op) in [
         ("inprocess", pyloop_in_process as Pyloop),
@@ -560,6 +748,16 @@ fn main() {
                 pyloop_threads(threads, calls, iters, op)
             });
         }
+    }
+    // The same pair while 2 CPU-bound processes run beside it: the machine oversubscribed.
+    for (place, op) in [
+        ("inprocess", pyloop_in_process as Pyloop),
+        ("workers2", pyloop_workers),
+    ] {
+        report(&format!("pyloop_{place}_2threads_busy"), || {
+            let _busy = Busy::start(2);
+            pyloop_threads(2, calls, iters, op)
+        });
     }
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
     report("matmul256_workers2_2threads", || {

@@ -82,6 +82,8 @@ pub(crate) struct Load {
 /// `Request::Call`), and the input arena's size needed.
 pub(crate) struct Exchange<'a> {
     pub load: Load,
+    /// The function called (how long its calls take is what a caller's wait is paced by).
+    pub function: &'a str,
     pub call: String,
     pub inputs: Vec<(usize, &'a [u8])>,
     pub arena_len: usize,

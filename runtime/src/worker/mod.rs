@@ -6,11 +6,13 @@
 //! Plain Rust: the pool (here), the processes (`process`), the one protocol (`protocol`), what a
 //! call and a start say in Rust (`exchange`), shared memory (`arena`) and the frames on the socket
 //! (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`), and the
-//! call itself the op's (`op::worker`).
+//! call itself the op's (`op::worker`). How a caller waits for a reply is `pace`'s.
 
 #[cfg(target_os = "linux")]
 pub(crate) mod arena;
 pub(crate) mod exchange;
+#[cfg(target_os = "linux")]
+pub(crate) mod pace;
 #[cfg(target_os = "linux")]
 pub(crate) mod process;
 #[cfg(not(target_os = "linux"))]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::arena::Arena;
 use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
 use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
+use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
 use super::wire::{self, RecvError};
 
@@ -94,6 +95,8 @@ pub(crate) struct Worker {
     write_limited: bool,
     /// The pool's count of dropped ops this worker has unloaded up to.
     pub dropped_seen: u64,
+    /// How long this worker's calls take, by function: when a caller checks for a reply.
+    pace: Pace,
 }
 
 /// Why an exchange ended without a reply.
@@ -198,6 +201,7 @@ impl Worker {
             loading: false,
             seq: 0,
             write_limited: false,
+            pace: Pace::default(),
             dropped_seen: 0,
         };
         let init = protocol::frame(
@@ -315,7 +319,16 @@ impl Worker {
 
     /// Receives the reply to the last request, checking that it is that request's.
     fn reply(&mut self, deadline: Option<Instant>) -> Result<(Reply, Vec<u8>), Broken> {
-        let frame = wire::recv(&self.sock, deadline, self.alive())?;
+        self.reply_within(deadline, &mut Spin::now_for(pace::FIRST_SPIN))
+    }
+
+    /// `reply`, checking for it without sleeping during `spin`.
+    fn reply_within(
+        &mut self,
+        deadline: Option<Instant>,
+        spin: &mut Spin,
+    ) -> Result<(Reply, Vec<u8>), Broken> {
+        let frame = wire::recv(&self.sock, deadline, self.alive(), spin)?;
         let (q, reply, payload) = protocol::decode(frame)?;
         if q != self.seq {
             return Err(Broken::Protocol(
@@ -378,8 +391,12 @@ impl Worker {
         // `Duration::MAX` (or any limit past what `Instant` holds): no limit.
         let deadline = ex.timeout.and_then(|t| Instant::now().checked_add(t));
         self.request(|seq| protocol::with_seq(seq, &ex.call), deadline)?;
+        let function = pace::function_key(&ex.load.key.base, ex.function);
+        let sent = Instant::now();
+        let mut spin = self.pace.spin(function, sent);
         loop {
-            let (reply, payload) = self.reply(deadline)?;
+            let (reply, payload) = self.reply_within(deadline, &mut spin)?;
+            let waited = std::mem::replace(&mut spin, Spin::now_for(pace::FIRST_SPIN));
             let result_len = self.result.as_ref().map_or(0, Arena::len);
             let checked = reply.check([input_len, result_len], ex.outs.as_deref())?;
             let retained = match &reply {
@@ -404,6 +421,8 @@ impl Worker {
                 | Reply::Raised { retained, .. } => *retained,
                 other => return Err(unexpected(other, "a call")),
             };
+            // The body's time as the caller waits for it (a `need` in between included).
+            self.pace.record(function, sent.elapsed(), &waited);
             let input = Arc::clone(self.input.as_ref().expect("made above").map());
             if retained {
                 // The body kept a view of this arena: the next call gets a fresh one, and this

@@ -5,9 +5,11 @@
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+use super::pace::{self, Spin};
 
 /// Why no reply came.
 #[derive(Debug)]
@@ -50,16 +52,17 @@ pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
-/// Waits for one frame until `deadline`, every byte of it. `alive` is the worker's pidfd, when
-/// the kernel has them: a worker that died is noticed even if a process it forked still holds
-/// its end of the socket open.
+/// Waits for one frame until `deadline`, every byte of it, checking for its first bytes without
+/// sleeping during `spin` (which says whether they came before it). `alive` is the worker's pidfd, when the kernel has them: a worker that
+/// died is noticed even if a process it forked still holds its end of the socket open.
 pub(crate) fn recv(
     sock: &UnixStream,
     deadline: Option<Instant>,
     alive: Option<BorrowedFd<'_>>,
+    spin: &mut Spin,
 ) -> Result<Vec<u8>, RecvError> {
     let mut len = [0u8; 4];
-    read_full(sock, &mut len, deadline, alive)?;
+    read_full(sock, &mut len, deadline, alive, spin)?;
     let n = u32::from_le_bytes(len) as usize;
     let too_large = || RecvError::Io(std::io::Error::other(format!("a reply frame of {n} bytes")));
     if n as u64 > super::protocol::need_cap() {
@@ -69,7 +72,14 @@ pub(crate) fn recv(
     let mut frame = Vec::new();
     frame.try_reserve_exact(n).map_err(|_| too_large())?;
     frame.resize(n, 0);
-    read_full(sock, &mut frame, deadline, alive)?;
+    // The rest follows at once (or as fast as the worker writes it).
+    read_full(
+        sock,
+        &mut frame,
+        deadline,
+        alive,
+        &mut Spin::now_for(pace::FIRST_SPIN),
+    )?;
     Ok(frame)
 }
 
@@ -80,10 +90,11 @@ fn read_full(
     buf: &mut [u8],
     deadline: Option<Instant>,
     alive: Option<BorrowedFd<'_>>,
+    spin: &mut Spin,
 ) -> Result<(), RecvError> {
     let mut got = 0;
     while got < buf.len() {
-        wait_readable(sock, deadline, alive)?;
+        wait_readable(sock, deadline, alive, spin)?;
         match sock.read(&mut buf[got..]) {
             Ok(0) => return Err(RecvError::Closed),
             Ok(n) => got += n,
@@ -97,17 +108,13 @@ fn read_full(
     Ok(())
 }
 
-/// How long a caller checks for a reply before it sleeps: a quick body's reply comes back
-/// sooner than the two process wake-ups a blocking wait costs (about 20 µs each on a shared
-/// virtual machine), and a slow body's wait pays this once, yielding its core meanwhile.
-const SPIN: Duration = Duration::from_micros(50);
-
 /// Waits until the socket has bytes (or its peer closed it), the deadline passes, or the worker
-/// (its pidfd) exits.
+/// (its pidfd) exits: asleep, except during `spin`, when it checks without sleeping (`pace`).
 fn wait_readable(
     sock: &UnixStream,
     deadline: Option<Instant>,
     alive: Option<BorrowedFd<'_>>,
+    spin: &mut Spin,
 ) -> Result<(), RecvError> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     // The socket, and the pidfd when there is one (else the socket twice): no allocation in the
@@ -129,56 +136,89 @@ fn wait_readable(
         }
         None
     };
-    let spin_until = Instant::now() + SPIN;
-    let zero = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+    // Sleeps until `until` (or the deadline, if sooner; `None`: the deadline); `Ok(None)` when
+    // it passed with nothing to read.
+    let sleep = |until: Option<Instant>| -> Result<Option<()>, RecvError> {
+        loop {
+            let end = match (until, deadline) {
+                (Some(u), Some(d)) => Some(u.min(d)),
+                (u, d) => u.or(d),
+            };
+            let timeout = match end {
+                None => None,
+                Some(e) => {
+                    let left = e.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        if deadline.is_some_and(|d| d <= e) {
+                            return Err(RecvError::TimedOut);
+                        }
+                        return Ok(None);
+                    }
+                    Some(Timespec {
+                        tv_sec: left.as_secs() as i64,
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    })
+                }
+            };
+            let mut fds = poll_fds();
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(0) => continue, // the checks above end the loop
+                Ok(_) => {
+                    if let Some(r) = ready(&fds) {
+                        return r.map(Some);
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(RecvError::Io(e.into())),
+            }
+        }
     };
-    while Instant::now() < spin_until {
-        let mut fds = poll_fds();
-        match poll(&mut fds, Some(&zero)) {
-            // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
-            Ok(0) => std::thread::yield_now(),
-            Ok(_) => {
-                if let Some(r) = ready(&fds) {
-                    return r;
-                }
+    if spin.until > spin.from {
+        if Instant::now() < spin.from {
+            let woke = sleep(Some(spin.from))?;
+            let now = Instant::now();
+            if now >= spin.from {
+                // The sleep ended late (the reply may have come meanwhile).
+                pace::slept(spin.from, now);
             }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(RecvError::Io(e.into())),
+            if woke.is_some() {
+                spin.early = now < spin.from;
+                return Ok(());
+            }
         }
-    }
-    loop {
-        let timeout = match deadline {
-            None => None,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(RecvError::TimedOut);
-                }
-                Some(Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: i64::from(left.subsec_nanos()),
-                })
-            }
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-        let mut fds = poll_fds();
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => continue, // the deadline check above ends the loop
-            Ok(_) => {
-                if let Some(r) = ready(&fds) {
-                    return r;
-                }
+        loop {
+            let now = Instant::now();
+            if now >= spin.until || deadline.is_some_and(|d| now >= d) {
+                break;
             }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(RecvError::Io(e.into())),
+            let mut fds = poll_fds();
+            match poll(&mut fds, Some(&zero)) {
+                // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
+                Ok(0) => std::thread::yield_now(),
+                Ok(_) => {
+                    if let Some(r) = ready(&fds) {
+                        return r;
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(RecvError::Io(e.into())),
+            }
         }
     }
+    sleep(None).map(|_| ())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spin() -> Spin {
+        Spin::now_for(pace::FIRST_SPIN)
+    }
 
     #[test]
     fn frames_round_trip_with_descriptors() {
@@ -187,21 +227,27 @@ mod tests {
         send(&a, b"{\"op\":\"ping\"}", &[arena.fd()]).unwrap();
         send(&a, b"second", &[]).unwrap();
         // The receiving side reads frames as worker.py does (the descriptor is discarded here).
-        assert_eq!(recv(&b, None, None).unwrap(), b"{\"op\":\"ping\"}");
-        assert_eq!(recv(&b, None, None).unwrap(), b"second");
+        assert_eq!(
+            recv(&b, None, None, &mut spin()).unwrap(),
+            b"{\"op\":\"ping\"}"
+        );
+        assert_eq!(recv(&b, None, None, &mut spin()).unwrap(), b"second");
         let deadline = Instant::now() + std::time::Duration::from_millis(20);
         assert!(matches!(
-            recv(&b, Some(deadline), None),
+            recv(&b, Some(deadline), None, &mut spin()),
             Err(RecvError::TimedOut)
         ));
         // A frame that stops half-way does not hold the reader past its deadline.
         (&a).write_all(&[10, 0, 0, 0, b'x']).unwrap();
         let deadline = Instant::now() + std::time::Duration::from_millis(20);
         assert!(matches!(
-            recv(&b, Some(deadline), None),
+            recv(&b, Some(deadline), None, &mut spin()),
             Err(RecvError::TimedOut)
         ));
         drop(a);
-        assert!(matches!(recv(&b, None, None), Err(RecvError::Closed)));
+        assert!(matches!(
+            recv(&b, None, None, &mut spin()),
+            Err(RecvError::Closed)
+        ));
     }
 }

@@ -51,6 +51,7 @@ import weakref
 from select import select as _select
 from os import sched_yield as _sched_yield
 from time import perf_counter as _perf_counter
+from time import thread_time as _thread_time
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.
@@ -122,31 +123,51 @@ def _recv_exact(n):
     return buf
 
 
-# How long a worker checks for its next request before it sleeps (seconds): a caller that
-# sends the next request at once (a loop of calls) finds it awake, without the process wake-up a
-# blocking wait costs.
-_SPIN = 100e-6
+# How long a worker checks for its next request before it sleeps (seconds): three times the
+# usual gap between its reply and the next request, so a loop of calls finds it awake, without
+# the wake-up a sleep costs, at least 100 µs and at most 2 ms; 100 µs where calls come seldom
+# (gaps over 2 ms). A check that found no request and got under half of this thread's core
+# (other processes were waiting for it: the machine is oversubscribed) turns checking off for
+# 100 ms, so the worker never takes a core from one that works (`pace.rs` is the program's side).
+_gap = 100e-6  # a moving average of the gaps, each counted up to 4 ms
+_spin_off_until = 0.0
 
 
 def _wait_awake():
-    until = _perf_counter() + _SPIN
-    while _perf_counter() < until:
+    """Checks for the next request until it comes or the spin's time is up; returns when it
+    began (to time the gap)."""
+    global _spin_off_until
+    start = _perf_counter()
+    if start < _spin_off_until:
+        return start
+    budget = 100e-6 if _gap > 2e-3 else min(max(3 * _gap, 100e-6), 2e-3)
+    until = start + budget
+    cpu = _thread_time()
+    while True:
         if _select((_SOCK,), (), (), 0)[0]:
-            return
+            return start
+        if _perf_counter() >= until:
+            break
         # The caller that will send the request may need this core first.
         _sched_yield()
+    wall = _perf_counter() - start
+    if 2 * (_thread_time() - cpu) < wall:
+        _spin_off_until = start + wall + 0.1
+    return start
 
 
 def _recv_frame():
     if _forked:
         os._exit(0)
-    _wait_awake()
+    global _gap
+    waited = _wait_awake()
     try:
         head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
     except (ConnectionResetError, OSError):
         _exit_quietly()
     if not head:
         _exit_quietly()
+    _gap += (min(_perf_counter() - waited, 4e-3) - _gap) / 4
     if len(head) < 4:
         head += _recv_exact(4 - len(head))
     n = int.from_bytes(head, "little")

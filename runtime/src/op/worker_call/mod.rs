@@ -164,6 +164,7 @@ impl OpInner {
             let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
             let result = worker.call(Exchange {
                 load,
+                function: call.function,
                 call: encoded.call,
                 inputs: encoded.inputs,
                 arena_len: encoded.arena_len,
