@@ -949,3 +949,35 @@ fn large_out_buffers_are_advised_to_use_huge_pages() {
         "VmFlags at the buffer's last whole page: {flags}"
     );
 }
+
+/// A fresh array of 64 KiB or more becomes the tensor without a copy only when it is
+/// C-contiguous and of the declared dtype: a fresh Fortran-ordered one is copied in order, and
+/// one of another dtype is refused as a smaller one is (mutation testing of
+/// `bridge/numbers.rs`, `adopted`: its flag mask and dtype guard).
+#[test]
+fn only_c_contiguous_fresh_arrays_of_the_declared_dtype_are_adopted() {
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let fortran = op(
+        "def f(x): return np.asfortranarray(np.arange(32768, dtype=np.float32).reshape(256, 128))",
+        &f32s(),
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(fortran[0].dims(), [256, 128]);
+    assert_eq!(
+        fortran[0].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        (0..32768).map(|i| i as f32).collect::<Vec<_>>()
+    );
+    let other = |n: usize| {
+        op(
+            &format!("def f(x): return np.arange({n}, dtype=np.float64)"),
+            &f32s(),
+        )
+        .call(&[Arg::from(&x)])
+        .unwrap_err()
+        .to_string()
+    };
+    let (small, large) = (other(4), other(32768));
+    assert!(small.contains("dtype"), "{small}");
+    assert_eq!(large.replace("32768", "4"), small);
+}

@@ -525,3 +525,36 @@ fn contiguous_indexing_and_constant_ops() {
         "round and sign pass none"
     );
 }
+
+/// `pyop.tensor` of a subclass of int or float (an `IntEnum`, a float with units) reads the
+/// number as it reads the base type, and something that is no tensor is a `TypeError` that says
+/// what it got (mutation testing of `bridge/numbers.rs`: the subclass branch and the message).
+#[test]
+fn subclasses_of_numbers_convert_and_other_values_are_named() {
+    let op = common::tensor_op(
+        "subclass",
+        "import enum\n\
+         class K(enum.IntEnum):\n    THREE = 3\n\
+         class F(float):\n    pass\n\
+         def f(x):\n    return pyop.tensor(F(2.5)), pyop.tensor(K.THREE)",
+        &[OutSpec::new(DType::F32), OutSpec::new(DType::I64)],
+    )
+    .unwrap();
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let out = op.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(out[0].to_scalar::<f32>().unwrap(), 2.5);
+    assert_eq!(out[1].to_scalar::<i64>().unwrap(), 3);
+    let refused = common::tensor_op(
+        "notensor",
+        "def f(x):\n    return pyop.tensor({})",
+        &[OutSpec::new(DType::F32)],
+    )
+    .unwrap();
+    let err = refused.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string()
+            .contains("TypeError: cannot make a tensor from a value of type `dict`"),
+        "{err}"
+    );
+}
