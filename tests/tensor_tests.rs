@@ -527,8 +527,9 @@ fn contiguous_indexing_and_constant_ops() {
 }
 
 /// `pyop.tensor` of a subclass of int or float (an `IntEnum`, a float with units) reads the
-/// number as it reads the base type, and something that is no tensor is a `TypeError` that says
-/// what it got (mutation testing of `bridge/numbers.rs`: the subclass branch and the message).
+/// number as it reads the base type, NumPy scalars in a list as the numbers they hold, and
+/// something that is no tensor is a `TypeError` that says what it got (mutation testing of
+/// `bridge/numbers.rs`: the subclass branch, `numpy_scalar`'s arms and the message).
 #[test]
 fn subclasses_of_numbers_convert_and_other_values_are_named() {
     let op = common::tensor_op(
@@ -544,6 +545,23 @@ fn subclasses_of_numbers_convert_and_other_values_are_named() {
     let out = op.call(&[Arg::from(&x)]).unwrap();
     assert_eq!(out[0].to_scalar::<f32>().unwrap(), 2.5);
     assert_eq!(out[1].to_scalar::<i64>().unwrap(), 3);
+    // NumPy scalars inside a list are read as the Python numbers they hold, by kind.
+    let listed = common::tensor_op(
+        "listed",
+        "import numpy as np\n\
+         def f(x):\n    return (pyop.tensor([np.int32(3), np.int64(-4)]), \
+         pyop.tensor([np.bool_(True), np.bool_(False)]), pyop.tensor([np.uint8(7), np.uint64(9)]))",
+        &[
+            OutSpec::new(DType::I64),
+            OutSpec::new(DType::U8),
+            OutSpec::new(DType::I64),
+        ],
+    )
+    .unwrap();
+    let out = listed.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(out[0].to_vec1::<i64>().unwrap(), [3, -4]);
+    assert_eq!(out[1].to_vec1::<u8>().unwrap(), [1, 0]);
+    assert_eq!(out[2].to_vec1::<i64>().unwrap(), [7, 9]);
     let refused = common::tensor_op(
         "notensor",
         "def f(x):\n    return pyop.tensor({})",
