@@ -350,28 +350,29 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-/// Waits (up to 5 s) until the kernel reports the worker `pid`, a child of this process, as exited
-/// to its parent, without reaping it (the pool does). Its `/proc` state says `Z` as soon as its
-/// main thread has exited, while its other threads (NumPy's BLAS pool) may still be exiting; the
-/// pool, like any parent, sees the death only once they all have.
+/// Waits (up to 5 s) until the kernel reports the worker `pid` as exited to whoever waits for
+/// it (this process, or the zygote that forked it), without reaping it (the pool does): its
+/// pidfd turns readable. Its `/proc` state says `Z` as soon as its main thread has exited, while
+/// its other threads (NumPy's BLAS pool) may still be exiting; the pool, like any parent, sees
+/// the death only once they all have.
 fn wait_until_exited(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        // SAFETY: a zeroed `siginfo_t` is a valid out-parameter; `WNOWAIT` leaves the child
-        // waitable, so the pool still owns its reaping.
-        let pid_seen = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-            let r = libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags);
-            assert_eq!(r, 0, "waitid({pid}): {}", std::io::Error::last_os_error());
-            info.si_pid()
-        };
-        if pid_seen != 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "worker {pid} did not exit");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (or -1).
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    assert!(
+        fd >= 0,
+        "pidfd_open({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; the descriptor is ours and closed below.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    assert_eq!(ready, 1, "worker {pid} did not exit");
 }
 
 fn exists(pid: u32) -> bool {
@@ -627,6 +628,77 @@ fn workers_share_the_cpus_among_their_blas_threads() {
         .collect();
     assert_eq!(values, kept, "the program's own setting is kept");
     assert!((1..=2).contains(&threads), "{threads}");
+}
+
+// --- the zygote workers fork from ---
+
+/// The body of the zygote tests: the worker's pid, parent, process group, and threads after a
+/// matrix product (OpenBLAS's pool then runs).
+const FAMILY: &str = "import os\ndef f(x):\n    a = np.ones((256, 256))\n    a @ a\n    \
+    return np.array([os.getpid(), os.getppid(), os.getpgid(0), \
+    len(os.listdir('/proc/self/task'))], dtype=np.int64)";
+
+fn family(pool: &WorkerPool) -> [i64; 4] {
+    let op = worker_op(pool, "family", FAMILY, &[OutSpec::new(DType::I64)]);
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let v = op.call(&[Arg::from(&x)]).unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap();
+    [v[0], v[1], v[2], v[3]]
+}
+
+fn task_count(pid: i64) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// Workers of every pool fork from one zygote, a process of its own with a single thread (its
+/// BLAS pool never started); each worker leads its own process group and, after the fork, runs
+/// as many BLAS threads as its share of the CPUs says (set in it, not inherited from the
+/// zygote's one).
+#[test]
+fn workers_fork_from_one_single_threaded_zygote() {
+    let _s = serial();
+    let (a, b) = (WorkerPool::new(1), WorkerPool::new(1));
+    let (fa, fb) = (family(&a), family(&b));
+    assert_ne!(fa[0], fb[0], "two workers");
+    assert_eq!(fa[1], fb[1], "one zygote forked both");
+    assert_ne!(
+        fa[1],
+        i64::from(std::process::id()),
+        "not this process's children"
+    );
+    assert_eq!(task_count(fa[1]), 1, "the zygote has one thread");
+    assert_eq!((fa[2], fb[2]), (fa[0], fb[0]), "each leads its own group");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    if cpus > 1 {
+        assert_eq!(
+            fa[3], cpus as i64,
+            "a pool of 1: the main thread and cpus - 1 of OpenBLAS's"
+        );
+    }
+    // A worker the pool replaces comes from the same zygote.
+    a.shutdown();
+    assert_eq!(family(&a)[1], fa[1]);
+}
+
+/// Run by `without_the_zygote_workers_are_the_programs_children` with `PYOP_ZYGOTE=0`.
+#[test]
+#[ignore = "a child process of without_the_zygote_workers_are_the_programs_children"]
+fn no_zygote_child() {
+    let f = family(&WorkerPool::new(1));
+    assert_eq!(f[1], i64::from(std::process::id()));
+    assert_eq!(f[2], f[0]);
+    println!("child: ok");
+}
+
+/// `PYOP_ZYGOTE=0` starts every worker as a process of its own, the program's child.
+#[test]
+fn without_the_zygote_workers_are_the_programs_children() {
+    let (passed, text) =
+        common::child_test("no_zygote_child", &[("PYOP_ZYGOTE", Some("0".as_ref()))]);
+    assert!(passed && text.contains("child: ok"), "{text}");
 }
 
 // --- a pool shared by declared ops ---

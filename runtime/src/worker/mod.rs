@@ -21,6 +21,8 @@ pub(crate) mod process;
 pub(crate) mod protocol;
 #[cfg(target_os = "linux")]
 pub(crate) mod wire;
+#[cfg(target_os = "linux")]
+pub(crate) mod zygote;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -70,10 +70,28 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const SHRINK_AFTER: u32 = 32;
 const SHRINK_FROM: usize = 8 << 20;
 
+/// Whose child a worker process is.
+enum Proc {
+    /// The program's own (started directly, or the zygote itself).
+    Child(Child),
+    /// The zygote's (`zygote.rs`), which reaps it when asked.
+    Forked(Reaper),
+}
+
+/// How the zygote that forked a worker reaps it (`zygote.rs` gives these; this file does not
+/// use that one).
+#[derive(Clone, Copy)]
+pub(crate) struct Reaper {
+    /// Waits for the exited or killed worker `pid`: its raw wait status, if the zygote lives.
+    pub reap: fn(u32) -> Option<i32>,
+    /// Whether the zygote lives (so the worker's zombie, and its group's id, are still its).
+    pub alive: fn() -> bool,
+}
+
 pub(crate) struct Worker {
     pub id: u64,
     pub pid: u32,
-    child: Child,
+    proc: Proc,
     /// Readable once the process has exited (Linux 5.3 and later; else `None`).
     pidfd: Option<OwnedFd>,
     sock: UnixStream,
@@ -127,15 +145,19 @@ fn unexpected(reply: &Reply, doing: &str) -> Broken {
 }
 
 impl Worker {
-    /// Starts worker `id` and waits until it is ready (its interpreter and NumPy imported).
-    /// `threads` sizes its BLAS and OpenMP thread pools where the program's environment does not
-    /// ([`THREAD_VARS`]).
-    pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
+    /// Starts a Python process of its own on `theirs` (its end of `sock`), with `env` set, and
+    /// waits until it is ready: a worker, or (`zygote`) the zygote.
+    pub(crate) fn start_process(
+        id: u64,
+        launch: &Launch,
+        sock: UnixStream,
+        theirs: UnixStream,
+        env: &[(&str, String)],
+        zygote: bool,
+    ) -> Result<Worker, StartError> {
         let failed = |what: &str, e: std::io::Error| {
             StartError::Failed(format!("{what} {}: {e}", launch.python.display()))
         };
-        let (sock, theirs) =
-            UnixStream::pair().map_err(|e| failed("cannot make a socket for", e))?;
         let guard = guardian_pipe().map_err(|e| failed("cannot start", e))?;
         let mut cmd = Command::new(&launch.python);
         cmd.arg("-c")
@@ -145,11 +167,8 @@ impl Worker {
             // Its own process group: Ctrl-C in a terminal is the program's to handle, and the
             // group is what is killed with it.
             .process_group(0);
-        let threads = threads.to_string();
-        for var in THREAD_VARS {
-            if std::env::var_os(var).is_none() {
-                cmd.env(var, &threads);
-            }
+        for (var, value) in env {
+            cmd.env(var, value);
         }
         let fd = theirs.as_raw_fd();
         let parent = std::process::id() as libc::pid_t;
@@ -183,13 +202,30 @@ impl Worker {
         let child = spawn_from_spawner(cmd).map_err(|e| failed("cannot start", e))?;
         drop(theirs);
         let pid = child.id();
-        let pidfd = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
-            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-        });
-        let mut worker = Worker {
+        let pidfd = pidfd_of(pid);
+        let worker = Worker::new(id, pid, Proc::Child(child), pidfd, sock);
+        worker.ready(launch, Some(zygote))
+    }
+
+    /// A worker the zygote forked (`pid`, its pidfd, the program's end of its socket) once it
+    /// says it is ready.
+    pub(crate) fn forked(
+        id: u64,
+        launch: &Launch,
+        pid: u32,
+        pidfd: OwnedFd,
+        sock: UnixStream,
+        reaper: Reaper,
+    ) -> Result<Worker, StartError> {
+        // It says `ready` as its first message: the zygote set it up.
+        Worker::new(id, pid, Proc::Forked(reaper), Some(pidfd), sock).ready(launch, None)
+    }
+
+    fn new(id: u64, pid: u32, proc: Proc, pidfd: Option<OwnedFd>, sock: UnixStream) -> Worker {
+        Worker {
             id,
             pid,
-            child,
+            proc,
             pidfd,
             sock,
             input: None,
@@ -203,23 +239,36 @@ impl Worker {
             write_limited: false,
             pace: Pace::default(),
             dropped_seen: 0,
-        };
-        let init = protocol::frame(
-            0,
-            &Request::Init {
-                site_packages: launch.site_packages.as_deref(),
-                importer: launch.importer,
-                version: launch.version,
-                argv: &launch.argv,
-            },
-        );
+        }
+    }
+
+    /// Sends the main loop and `init` (unless the zygote set the process up: `None`), then
+    /// waits for `ready`.
+    fn ready(mut self, launch: &Launch, init: Option<bool>) -> Result<Worker, StartError> {
         let deadline = Instant::now().checked_add(START_TIMEOUT);
-        let sent = wire::send(&worker.sock, WORKER_PY.as_bytes(), &[])
-            .and_then(|()| wire::send(&worker.sock, &init, &[]));
+        let sent = match init {
+            Some(zygote) => {
+                let init = protocol::frame(
+                    0,
+                    &Request::Init {
+                        site_packages: launch.site_packages.as_deref(),
+                        importer: launch.importer,
+                        version: launch.version,
+                        argv: &launch.argv,
+                        zygote,
+                    },
+                );
+                wire::send(&self.sock, WORKER_PY.as_bytes(), &[])
+                    .and_then(|()| wire::send(&self.sock, &init, &[]))
+            }
+            None => Ok(()),
+        };
         let reply = match sent {
-            Ok(()) => worker.reply(deadline),
+            Ok(()) => self.reply(deadline),
             Err(_) => Err(Broken::Recv(RecvError::Closed)),
         };
+        let mut worker = self;
+        let id = worker.id;
         let python = launch.python.display();
         match reply {
             Ok((Reply::Ready { pid, python, numpy }, _)) => {
@@ -537,11 +586,39 @@ impl Worker {
         self.failure(result)
     }
 
+    /// Sends the zygote `request` with `fds` and returns its reply (`zygote.rs`); on any failure
+    /// the zygote is killed.
+    pub(crate) fn zygote_request(
+        &mut self,
+        request: &Request<'_>,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        limit: Duration,
+    ) -> Result<Reply, Failure> {
+        let run = |w: &mut Worker| -> Result<Reply, Broken> {
+            let deadline = Instant::now().checked_add(limit);
+            w.seq += 1;
+            w.sock
+                .set_write_timeout(Some(limit.max(Duration::from_millis(1))))
+                .map_err(io)?;
+            wire::send(&w.sock, &protocol::frame(w.seq, request), fds).map_err(io)?;
+            Ok(w.reply(deadline)?.0)
+        };
+        let result = run(self);
+        self.failure(result)
+    }
+
     /// Whether the process has exited (an idle worker the OOM killer took, say). It is left
-    /// waitable (`WNOWAIT`), so its id still names it and its process group until it is reaped.
+    /// waitable (`WNOWAIT`, or the zygote waits only when asked), so its id still names it and
+    /// its process group until it is reaped.
     pub(crate) fn exited(&mut self) -> bool {
         if self.reaped {
             return true;
+        }
+        if let Proc::Forked(_) = self.proc {
+            return self
+                .pidfd
+                .as_ref()
+                .is_none_or(|fd| readable_now(fd.as_fd()));
         }
         use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
         let Some(pid) = Pid::from_raw(self.pid as i32) else {
@@ -574,14 +651,43 @@ impl Worker {
             return;
         }
         self.kill_group();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill_and_wait();
         self.reaped = true;
     }
 
+    /// Kills the process itself and waits for it: the program's own child directly, one the
+    /// zygote forked through its pidfd (which names it, whoever reaped it) and the zygote.
+    /// Its exit status, when known.
+    fn kill_and_wait(&mut self) -> Option<ExitStatus> {
+        match &mut self.proc {
+            Proc::Child(child) => {
+                let _ = child.kill();
+                child.wait().ok()
+            }
+            Proc::Forked(reaper) => {
+                if let Some(fd) = &self.pidfd {
+                    let _ = rustix::process::pidfd_send_signal(
+                        fd.as_fd(),
+                        rustix::process::Signal::KILL,
+                    );
+                }
+                (reaper.reap)(self.pid).map(ExitStatus::from_raw)
+            }
+        }
+    }
+
     fn kill_group(&self) {
+        // A forked worker's zombie is the zygote's to keep: if the zygote is gone, so is the
+        // zombie, and its id may name another group by now (what the worker's bodies started
+        // then ends with the program, by the worker's guardian).
+        if let Proc::Forked(reaper) = &self.proc {
+            if !(reaper.alive)() {
+                return;
+            }
+        }
         // SAFETY: killpg takes plain integers; the worker leads its own group (process_group(0)
-        // at spawn) and is not reaped yet, so the id still names that group.
+        // at spawn, or setpgid by the zygote and itself) and is not reaped yet, so the id still
+        // names that group.
         unsafe {
             libc::killpg(self.pid as libc::pid_t, libc::SIGKILL);
         }
@@ -602,11 +708,11 @@ impl Worker {
         // What its bodies started, and the worker itself if it closed its socket but lives on;
         // then it is waited for, the group's id still its own until then.
         self.kill_group();
-        let _ = self.child.kill();
-        let status = self.child.wait();
+        let status = self.kill_and_wait();
         self.reaped = true;
         match status {
-            Ok(status) if exited => describe_exit(status),
+            Some(status) if exited => describe_exit(status),
+            None if exited => "had exited (how is unknown: its zygote is gone)".to_owned(),
             _ => "closed its connection and was killed".to_owned(),
         }
     }
@@ -624,6 +730,36 @@ impl Drop for Worker {
         // either).
         self.kill();
     }
+}
+
+/// The thread-count variables a worker starts with: the program's own value of each, or
+/// `threads` where the program sets none.
+pub(crate) fn thread_env(threads: usize) -> Vec<(&'static str, String)> {
+    THREAD_VARS
+        .iter()
+        .filter_map(|&var| match std::env::var_os(var) {
+            // (A value that is not UTF-8 is inherited as it is, where it can be.)
+            Some(value) => value.into_string().ok().map(|v| (var, v)),
+            None => Some((var, threads.to_string())),
+        })
+        .collect()
+}
+
+/// A pidfd of process `pid` (Linux 5.3 and later; else `None`).
+pub(crate) fn pidfd_of(pid: u32) -> Option<OwnedFd> {
+    rustix::process::Pid::from_raw(pid as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+}
+
+/// Whether `fd` (a pidfd: readable once its process exited) is readable now.
+pub(crate) fn readable_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
 /// How a process ended, in words.

@@ -120,7 +120,17 @@ pub(crate) enum Request<'a> {
         version: [u32; 2],
         /// The program's `sys.argv`, which the worker's becomes.
         argv: &'a [String],
+        /// Whether this process is the zygote (`zygote.rs`): it serves `spawn` and `reap`, and
+        /// runs no body.
+        zygote: bool,
     },
+    /// To the zygote: fork a worker that serves the socket riding with the frame, with these
+    /// environment variables set (the BLAS and OpenMP thread counts, `THREAD_VARS`) and its
+    /// BLAS library's threads set to match.
+    Spawn { env: &'a [(&'a str, String)] },
+    /// To the zygote: wait for its child `pid` (which has exited or been killed) and say how it
+    /// ended.
+    Reap { pid: u32 },
     /// An arena (the descriptor rides with the frame): 0 inputs and `out` buffers, 1 results.
     /// Never answered.
     Arena { which: u8, size: usize },
@@ -254,6 +264,13 @@ pub(crate) enum Reply {
     Raised { exc: ExcInfo, retained: bool },
     /// The answer to a ping.
     Pong { missing: Vec<String> },
+    /// From the zygote: a worker forked, its process id (it says `ready` on its own socket).
+    Spawned { pid: u32 },
+    /// From the zygote: it could not fork a worker (it is not single-threaded any more, or
+    /// `fork` failed): why.
+    SpawnFailed { why: String },
+    /// From the zygote: how its child ended, as `waitpid` gives it (a raw wait status).
+    Reaped { status: i32 },
 }
 
 #[derive(Deserialize)]
@@ -489,6 +506,9 @@ impl Reply {
             Reply::Wrote { .. } => "wrote",
             Reply::Raised { .. } => "raised",
             Reply::Pong { .. } => "pong",
+            Reply::Spawned { .. } => "spawned",
+            Reply::SpawnFailed { .. } => "spawn_failed",
+            Reply::Reaped { .. } => "reaped",
         }
     }
 }

@@ -21,21 +21,29 @@
 
 import os
 
+
 # The guardian: a child that waits for the program's end (fd 4 is the read end of a pipe whose
 # only write end the program holds) and then kills this worker's whole process group, with
 # whatever processes its bodies started. The program kills the group itself whenever it ends a
 # worker; the guardian covers the program's own end, however it comes (return from main, exit, a
-# panic, a signal, SIGKILL), which a parent-death signal only covers for the worker itself.
-if os.fork() == 0:
-    try:
-        os.close(3)
-        while os.read(4, 1):
+# panic, a signal, SIGKILL), which a parent-death signal only covers for the worker itself. A
+# worker forked from the zygote starts its own (the zygote keeps fd 4 open for them).
+def _start_guardian(sock_fd):
+    if os.fork() == 0:
+        try:
+            try:
+                os.close(sock_fd)
+            except OSError:
+                pass  # closed already (the at-fork handler below closes the socket)
+            while os.read(4, 1):
+                pass
+        except BaseException:  # noqa: BLE001 - whatever happens, the group goes
             pass
-    except BaseException:  # noqa: BLE001 - whatever happens, the group goes
-        pass
-    os.killpg(0, 9)
-    os._exit(0)
-os.close(4)
+        os.killpg(0, 9)
+        os._exit(0)
+
+
+_start_guardian(3)
 
 import json
 import linecache
@@ -62,12 +70,16 @@ _ALIGN = 64
 _MAX_PICKLE = (1 << 32) - (1 << 20)  # a frame's length is 4 bytes; room for the header
 _seq = 0  # the sequence number of the request being served
 _forked = False
+_zygote_forking = False
 
 
 def _in_forked_child():
     # A body that forks (os.fork, multiprocessing): the child must not hold the parent's socket
-    # open (the program would not see the worker die) nor answer for it.
+    # open (the program would not see the worker die) nor answer for it. (Not the zygote's own
+    # forks of workers, which set up their child themselves.)
     global _forked
+    if _zygote_forking:
+        return
     _forked = True
     try:
         _SOCK.close()
@@ -183,7 +195,9 @@ class _ProtocolError(Exception):
 
 # Every request and its exact fields (protocol.rs `Request`; a load's fields by its kind).
 _REQUESTS = {
-    "init": {"site_packages", "importer", "version", "argv"},
+    "init": {"site_packages", "importer", "version", "argv", "zygote"},
+    "spawn": {"env"},
+    "reap": {"pid"},
     "arena": {"which", "size"},
     "unload": {"base"},
     "call": {"key", "function", "args", "out"},
@@ -720,8 +734,131 @@ def _main():
         return
     _np = numpy
     sys.modules["pyop"] = _PyopStub("pyop")
+    if init["zygote"]:
+        _zygote()
+    os.close(4)
+    _serve()
+
+
+# --- the zygote (zygote.rs) -------------------------------------------------------------------
+# A process that has started the interpreter and imported NumPy, with its BLAS and OpenMP thread
+# pools at one thread (the program starts it with every THREAD_VARS at 1), so it stays
+# single-threaded; it forks each worker, which sets its own thread counts. It runs no body.
+
+def _zygote():
+    global _seq
     _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
-           "numpy": numpy.__version__})
+           "numpy": _np.__version__})
+    while True:
+        _seq, msg, fds = _recv_frame()
+        op = msg["op"]
+        if op == "spawn":
+            if len(fds) != 1:
+                raise _ProtocolError("a spawn came with %d descriptors" % len(fds))
+            try:
+                pid = _spawn(fds[0], msg["env"])
+            except OSError as e:
+                _send({"s": "spawn_failed", "why": _clean(e)})
+            else:
+                _send({"s": "spawned", "pid": pid})
+            finally:
+                os.close(fds[0])
+        elif op == "reap":
+            # Only children of this zygote, which the program has seen end or has killed.
+            _, status = os.waitpid(msg["pid"], 0)
+            _send({"s": "reaped", "status": status})
+        else:
+            raise _ProtocolError("the zygote got %r" % op)
+
+
+def _spawn(fd, env):
+    global _zygote_forking
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        # Forking a process with threads copies locks they may hold: never done.
+        raise OSError("the zygote has %d threads" % threads)
+    zygote = os.getpid()
+    _zygote_forking = True
+    try:
+        pid = os.fork()
+    finally:
+        _zygote_forking = False
+    if pid:
+        # Both sides set the group, so it exists whichever runs first.
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        return pid
+    try:
+        os.setpgid(0, 0)
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: gone with the zygote
+        if os.getppid() != zygote:
+            os._exit(0)
+        _become_worker(fd, env)
+    except BaseException:  # noqa: BLE001 - a child that cannot set up never serves
+        os._exit(72)
+    os._exit(0)
+
+
+def _become_worker(fd, env):
+    global _SOCK, _seq
+    _SOCK.close()
+    os.set_inheritable(fd, False)
+    _SOCK = socket.socket(fileno=os.dup(fd))
+    os.close(fd)
+    _start_guardian(_SOCK.fileno())
+    os.close(4)
+    for name, value in env:
+        os.environ[name] = value
+    _blas_threads(dict(env))
+    _seq = 0
+    _serve()
+
+
+def _blas_threads(env):
+    """Sets the thread count of the BLAS library NumPy loaded (OpenBLAS, as NumPy's wheels ship
+    it, or MKL) to what `env` says, as its variables would have at load time."""
+    import ctypes
+
+    def count(*names):
+        for n in names:
+            try:
+                return int(env[n])
+            except (KeyError, ValueError):
+                pass
+        return None
+    setters = {
+        "openblas": (count("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"),
+                     ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
+                      "scipy_openblas_set_num_threads_64_", "openblas_set_num_threads64_")),
+        "mkl_rt": (count("MKL_NUM_THREADS", "OMP_NUM_THREADS"), ("MKL_Set_Num_Threads",)),
+    }
+    seen = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            if not path.startswith("/") or path in seen:
+                continue
+            seen.add(path)
+            base = os.path.basename(path)
+            for key, (n, names) in setters.items():
+                if key in base and n is not None:
+                    lib = ctypes.CDLL(path)
+                    for name in names:
+                        f = getattr(lib, name, None)
+                        if f is not None:
+                            f(n)
+                            break
+
+
+def _serve():
+    global _seq
+    _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
+           "numpy": _np.__version__})
     while True:
         try:
             _seq, msg, fds = _recv_frame()

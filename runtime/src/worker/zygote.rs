@@ -1,0 +1,213 @@
+//! The zygote: one Python process per program that has started the interpreter, set up the
+//! program's `sys.path`, `sys.argv` and environment, and imported NumPy, and that forks each
+//! worker from there, so a worker is ready in the time a `fork` takes instead of a whole
+//! interpreter start.
+//!
+//! Forking is sound only for a single-threaded process: the zygote is started with every
+//! [`THREAD_VARS`] at 1, so NumPy's BLAS (and OpenMP) start no thread pool in it, runs no body,
+//! and checks before every fork that it has one thread (`/proc/self/task`), refusing otherwise.
+//! Each forked worker sets its own thread counts (the variables as a worker started directly
+//! gets them, and OpenBLAS's or MKL's count through their `set_num_threads`), leads its own
+//! process group, starts its own guardian, and dies with the zygote (a parent-death signal),
+//! which dies with the program. The zygote keeps each worker's zombie (its pid, and so its
+//! process group's id) until the program asks for its exit status (`reap`), exactly as the
+//! program keeps the workers it starts itself.
+//!
+//! Anything wrong with the zygote (it cannot start, it dies, it refuses) makes workers start as
+//! before, each a process of its own: the zygote only ever saves time. A zygote that said its
+//! interpreter is another Python version or lacks NumPy is that start's error, as it would be a
+//! worker's.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::exchange::{Launch, StartError, THREAD_VARS};
+use super::process::{self, Reaper, Worker};
+use super::protocol::{Reply, Request};
+
+impl Worker {
+    /// Starts worker `id` and waits until it is ready (its interpreter and NumPy imported):
+    /// forked from the zygote when there is one, else as a process of its own. `threads` sizes
+    /// its BLAS and OpenMP thread pools where the program's environment does not
+    /// ([`THREAD_VARS`]).
+    pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
+        let env = process::thread_env(threads);
+        let (sock, theirs) = UnixStream::pair().map_err(|e| {
+            StartError::Failed(format!(
+                "cannot make a socket for {}: {e}",
+                launch.python.display()
+            ))
+        })?;
+        match spawn(launch, &theirs, &env) {
+            Spawn::Forked { pid, pidfd } => {
+                drop(theirs);
+                Worker::forked(id, launch, pid, pidfd, sock, REAPER)
+            }
+            Spawn::Refused(e) => Err(e),
+            Spawn::Direct => Worker::start_process(id, launch, sock, theirs, &env, false),
+        }
+    }
+}
+
+/// How a forked worker is reaped.
+const REAPER: Reaper = Reaper { reap, alive };
+
+/// How long the zygote may take to fork a worker or to say how one ended.
+const ZYGOTE_LIMIT: Duration = Duration::from_secs(30);
+
+/// What a worker start gets from the zygote.
+enum Spawn {
+    /// A worker forked: its process id and pidfd.
+    Forked { pid: u32, pidfd: OwnedFd },
+    /// The zygote's start said why no worker can start (another Python version, no NumPy).
+    Refused(StartError),
+    /// No zygote: start the worker directly.
+    Direct,
+}
+
+enum State {
+    /// Not started yet.
+    None,
+    /// Running, for workers of this launch; `spawning` until it refused a fork once (it then
+    /// stays, to reap the workers it forked, which die with it).
+    Running {
+        zygote: Box<Worker>,
+        launch: Key,
+        spawning: bool,
+    },
+    /// It failed or died: workers start directly from now on.
+    Broken,
+}
+
+/// What must be equal for a worker to be forked from the zygote: where its interpreter and
+/// imports come from.
+#[derive(PartialEq)]
+struct Key {
+    python: std::path::PathBuf,
+    sys_path: Vec<String>,
+    site_packages: Option<std::path::PathBuf>,
+    argv: Vec<String>,
+    version: [u32; 2],
+}
+
+impl Key {
+    fn of(launch: &Launch) -> Key {
+        Key {
+            python: launch.python.clone(),
+            sys_path: launch.sys_path.clone(),
+            site_packages: launch.site_packages.clone(),
+            argv: launch.argv.clone(),
+            version: launch.version,
+        }
+    }
+}
+
+static ZYGOTE: Mutex<State> = Mutex::new(State::None);
+
+fn lock() -> std::sync::MutexGuard<'static, State> {
+    ZYGOTE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether zygotes are off (`PYOP_ZYGOTE=0`): every worker starts as a process of its own.
+fn disabled() -> bool {
+    std::env::var_os("PYOP_ZYGOTE").is_some_and(|v| v == "0")
+}
+
+/// Forks a worker for `launch` on `theirs` (its end of the worker's socket), with `env` set,
+/// starting the zygote first if there is none.
+fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn {
+    if disabled() {
+        return Spawn::Direct;
+    }
+    let mut state = lock();
+    if matches!(*state, State::None) {
+        match start(launch) {
+            Ok(zygote) => {
+                *state = State::Running {
+                    zygote: Box::new(zygote),
+                    launch: Key::of(launch),
+                    spawning: true,
+                }
+            }
+            Err(refused @ StartError::NoNumpy(_)) => return Spawn::Refused(refused),
+            Err(StartError::Failed(why)) => {
+                // (Another Python version is said as a failure with its own words.)
+                if why.contains("but the program embeds Python") {
+                    return Spawn::Refused(StartError::Failed(why));
+                }
+                tracing::debug!(why, "pyop zygote did not start: workers start directly");
+                *state = State::Broken;
+                return Spawn::Direct;
+            }
+        }
+    }
+    let State::Running {
+        zygote,
+        launch: key,
+        spawning,
+    } = &mut *state
+    else {
+        return Spawn::Direct;
+    };
+    if !*spawning || *key != Key::of(launch) {
+        return Spawn::Direct;
+    }
+    let request = Request::Spawn { env };
+    let broken = match zygote.zygote_request(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
+        Ok(Reply::Spawned { pid }) => match process::pidfd_of(pid) {
+            Some(pidfd) => return Spawn::Forked { pid, pidfd },
+            // Without pidfds a forked worker's end could not be seen: not used (and reaped).
+            None => {
+                let _ = zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT);
+                "no pidfd".to_owned()
+            }
+        },
+        Ok(Reply::SpawnFailed { why }) => {
+            tracing::debug!(why, "pyop zygote refused a fork: workers start directly");
+            *spawning = false;
+            return Spawn::Direct;
+        }
+        Ok(other) => format!("sent a `{}` reply to a spawn", other.kind()),
+        // It was killed (a zygote that does not answer within 30 s is hung), and the workers it
+        // forked with it.
+        Err(f) => format!("{f:?}"),
+    };
+    tracing::debug!(why = broken, "pyop zygote failed: workers start directly");
+    *state = State::Broken;
+    Spawn::Direct
+}
+
+/// Starts the zygote: a worker process in all but its `init`, every thread count at 1.
+fn start(launch: &Launch) -> Result<Worker, StartError> {
+    let (sock, theirs) = UnixStream::pair()
+        .map_err(|e| StartError::Failed(format!("cannot make a socket for the zygote: {e}")))?;
+    let env: Vec<(&str, String)> = THREAD_VARS.iter().map(|&v| (v, "1".to_owned())).collect();
+    Worker::start_process(0, launch, sock, theirs, &env, true)
+}
+
+/// Waits for the zygote's child `pid` (exited, or killed by the caller) and returns its raw
+/// wait status; `None` if the zygote is gone (its children died with it and were reaped by
+/// others).
+fn reap(pid: u32) -> Option<i32> {
+    let mut state = lock();
+    let State::Running { zygote, .. } = &mut *state else {
+        return None;
+    };
+    match zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT) {
+        Ok(Reply::Reaped { status }) => Some(status),
+        _ => {
+            *state = State::Broken;
+            None
+        }
+    }
+}
+
+/// Whether the zygote is running (so the zombies of the workers it forked are still its own).
+fn alive() -> bool {
+    match &mut *lock() {
+        State::Running { zygote, .. } => !zygote.exited(),
+        _ => false,
+    }
+}
