@@ -365,3 +365,46 @@ fn candle_errors_name_the_op() {
     );
     assert!(text.contains("shape mismatch"), "{text}");
 }
+
+/// d(x·Σxs + Σys²)/d… written in candle from the gradient call's arguments: the tensor and
+/// both lists as the call gives them.
+fn mixed_grad(call: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
+    let (x, xs, ys) = match call.args {
+        [Arg::Tensor(x), Arg::Tensors(xs), Arg::Tensors(ys)] => (*x, *xs, *ys),
+        other => panic!("arguments {other:?}"),
+    };
+    let g = &call.grads[0];
+    let sum_xs = xs[1..].iter().try_fold(xs[0].clone(), |a, t| a + t)?;
+    let mut out = vec![Some(g.mul(&sum_xs)?)];
+    for _ in xs {
+        out.push(Some(g.mul(x)?));
+    }
+    for y in ys {
+        out.push(Some((g.mul(y)? * 2.0)?));
+    }
+    Ok(out)
+}
+
+#[py_op(code = "def mixed(x, xs, ys):\n    return x * sum(xs) + sum(y * y for y in ys)\n", numpy, tout = f64, grad = mixed_grad)]
+fn mixed(x: &Tensor, xs: &[Tensor], ys: &[Tensor]) -> pyop::Result<Tensor>;
+
+/// A tensor, then two lists: a Rust gradient gets each list as its own slice, made of the right
+/// inputs (mutation testing of `op/autograd/backward.rs`, `tensor_lists`: an offset that skipped
+/// the tensor, or the first list, went unnoticed).
+#[test]
+fn a_tensor_and_two_lists_reach_the_gradient_as_themselves() {
+    let inputs = vec![
+        f64s(&[1.5, -2.0]),
+        f64s(&[3.0, -1.0]),
+        f64s(&[0.5, 0.25]),
+        f64s(&[-0.75, 2.0]),
+        f64s(&[1.25, -3.5]),
+    ];
+    let report = gradcheck(
+        |t| Ok(vec![mixed(&t[0], &t[1..3], &t[3..5])?]),
+        &inputs,
+        GradCheck::default(),
+    )
+    .unwrap();
+    assert_eq!(report.max_abs_error.len(), 5);
+}
