@@ -576,3 +576,32 @@ fn subclasses_of_numbers_convert_and_other_values_are_named() {
         "{err}"
     );
 }
+
+/// An integer becomes a float tensor only if the float holds it exactly: 2^24 + 1 is no f32,
+/// 2^53 + 1 no f64 (mutation testing of `bridge/numbers.rs`, `Buffer::push`: the two halves of
+/// that check).
+#[test]
+fn integers_become_floats_only_exactly() {
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let call = |value: &str, dtype: &str, out: DType| {
+        common::tensor_op(
+            "exact",
+            &format!("def f(x):\n    return pyop.tensor({value}, dtype='{dtype}')"),
+            &[OutSpec::new(out)],
+        )
+        .unwrap()
+        .call(&[Arg::from(&x)])
+    };
+    let fits = call("16777216", "f32", DType::F32).unwrap();
+    assert_eq!(fits[0].to_scalar::<f32>().unwrap(), 16777216.0);
+    for (value, dtype, out) in [
+        ("16777217", "f32", DType::F32),
+        ("9007199254740993", "f64", DType::F64),
+    ] {
+        let err = call(value, dtype, out).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{value} does not fit dtype {dtype} exactly")),
+            "{err}"
+        );
+    }
+}
