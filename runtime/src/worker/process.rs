@@ -271,6 +271,13 @@ impl Worker {
         let id = worker.id;
         let python = launch.python.display();
         match reply {
+            Ok((Reply::Ready { pid, .. }, _)) if pid != worker.pid => {
+                worker.kill();
+                Err(StartError::Failed(format!(
+                    "{python} said it is pid {pid}, but it was started as {}",
+                    worker.pid
+                )))
+            }
             Ok((Reply::Ready { pid, python, numpy }, _)) => {
                 tracing::debug!(worker = id, pid, python, numpy, "pyop worker ready");
                 Ok(worker)
@@ -651,8 +658,25 @@ impl Worker {
             return;
         }
         self.kill_group();
-        self.kill_and_wait();
+        match &self.proc {
+            Proc::Child(_) => {
+                self.kill_and_wait();
+            }
+            Proc::Forked(reaper) => {
+                // The zygote reaps it, later: no time limit waits on the zygote.
+                self.signal_forked();
+                reap_later(reaper.reap, self.pid);
+            }
+        }
         self.reaped = true;
+    }
+
+    /// SIGKILL to a worker the zygote forked, through its pidfd (which names it, whoever
+    /// reaped it).
+    fn signal_forked(&self) {
+        if let Some(fd) = &self.pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd.as_fd(), rustix::process::Signal::KILL);
+        }
     }
 
     /// Kills the process itself and waits for it: the program's own child directly, one the
@@ -665,13 +689,9 @@ impl Worker {
                 child.wait().ok()
             }
             Proc::Forked(reaper) => {
-                if let Some(fd) = &self.pidfd {
-                    let _ = rustix::process::pidfd_send_signal(
-                        fd.as_fd(),
-                        rustix::process::Signal::KILL,
-                    );
-                }
-                (reaper.reap)(self.pid).map(ExitStatus::from_raw)
+                let reap = reaper.reap;
+                self.signal_forked();
+                reap(self.pid).map(ExitStatus::from_raw)
             }
         }
     }
@@ -779,6 +799,31 @@ pub(crate) fn describe_exit(status: ExitStatus) -> String {
     } else {
         format!("exited with status {}", status.code().unwrap_or(-1))
     }
+}
+
+/// Has `reap` wait for the killed worker `pid` on one long-lived thread (the zygote answers
+/// reaps one at a time, and a caller whose time limit ended it must not wait for that).
+fn reap_later(reap: fn(u32) -> Option<i32>, pid: u32) {
+    type Job = (fn(u32) -> Option<i32>, u32);
+    static REAPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("pyop-worker-reaper".into())
+            .spawn(move || {
+                for (reap, pid) in rx {
+                    reap(pid);
+                }
+            });
+        if spawned.is_err() {
+            tracing::debug!("no reaper thread: killed forked workers stay the zygote's zombies");
+        }
+        Mutex::new(tx)
+    });
+    let _ = reaper
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((reap, pid));
 }
 
 /// Starts `cmd` from one long-lived thread: a worker's parent-death signal fires when the thread

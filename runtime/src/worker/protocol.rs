@@ -124,10 +124,13 @@ pub(crate) enum Request<'a> {
         /// runs no body.
         zygote: bool,
     },
-    /// To the zygote: fork a worker that serves the socket riding with the frame, with these
-    /// environment variables set (the BLAS and OpenMP thread counts, `THREAD_VARS`) and its
-    /// BLAS library's threads set to match.
-    Spawn { env: &'a [(&'a str, String)] },
+    /// To the zygote: fork a worker that serves the socket riding with the frame, in the
+    /// program's directory `cwd` with the program's environment `env` now (the BLAS and OpenMP
+    /// thread counts, `THREAD_VARS`, set as a worker's), its BLAS library's threads set to match.
+    Spawn {
+        env: &'a [(String, String)],
+        cwd: &'a str,
+    },
     /// To the zygote: wait for its child `pid` (which has exited or been killed) and say how it
     /// ended.
     Reap { pid: u32 },

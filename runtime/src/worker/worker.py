@@ -23,20 +23,30 @@ import os
 
 
 # The guardian: a child that waits for the program's end (fd 4 is the read end of a pipe whose
-# only write end the program holds) and then kills this worker's whole process group, with
-# whatever processes its bodies started. The program kills the group itself whenever it ends a
-# worker; the guardian covers the program's own end, however it comes (return from main, exit, a
-# panic, a signal, SIGKILL), which a parent-death signal only covers for the worker itself. A
-# worker forked from the zygote starts its own (the zygote keeps fd 4 open for them).
+# only write end the program holds) or its worker's (a pidfd of it), and then kills the worker's
+# whole process group, with whatever processes its bodies started. The program kills the group
+# itself whenever it ends a worker; the guardian covers the program's own end, however it comes
+# (return from main, exit, a panic, a signal, SIGKILL), which a parent-death signal only covers
+# for the worker itself, and a worker's end that the program cannot follow up (a forked worker
+# whose zygote is gone). Being in the group, it keeps the group's id from being reused while it
+# lives. A worker forked from the zygote starts its own (the zygote keeps fd 4 open for them).
 def _start_guardian(sock_fd):
+    worker = os.getpid()
     if os.fork() == 0:
         try:
             try:
                 os.close(sock_fd)
             except OSError:
                 pass  # closed already (the at-fork handler below closes the socket)
-            while os.read(4, 1):
-                pass
+            try:
+                watched = [4, os.pidfd_open(worker)]
+            except (AttributeError, OSError):  # Python 3.8, Linux before 5.3
+                watched = [4]
+            import select
+            while True:
+                ready = select.select(watched, [], [])[0]
+                if 4 not in ready or not os.read(4, 1):
+                    break
         except BaseException:  # noqa: BLE001 - whatever happens, the group goes
             pass
         os.killpg(0, 9)
@@ -71,6 +81,7 @@ _MAX_PICKLE = (1 << 32) - (1 << 20)  # a frame's length is 4 bytes; room for the
 _seq = 0  # the sequence number of the request being served
 _forked = False
 _zygote_forking = False
+_is_zygote = False
 
 
 def _in_forked_child():
@@ -172,7 +183,7 @@ def _recv_frame():
     if _forked:
         os._exit(0)
     global _gap
-    waited = _wait_awake()
+    waited = _perf_counter() if _is_zygote else _wait_awake()
     try:
         head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
     except (ConnectionResetError, OSError):
@@ -196,7 +207,7 @@ class _ProtocolError(Exception):
 # Every request and its exact fields (protocol.rs `Request`; a load's fields by its kind).
 _REQUESTS = {
     "init": {"site_packages", "importer", "version", "argv", "zygote"},
-    "spawn": {"env"},
+    "spawn": {"env", "cwd"},
     "reap": {"pid"},
     "arena": {"which", "size"},
     "unload": {"base"},
@@ -746,7 +757,8 @@ def _main():
 # single-threaded; it forks each worker, which sets its own thread counts. It runs no body.
 
 def _zygote():
-    global _seq
+    global _seq, _is_zygote
+    _is_zygote = True
     _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
            "numpy": _np.__version__})
     while True:
@@ -756,7 +768,7 @@ def _zygote():
             if len(fds) != 1:
                 raise _ProtocolError("a spawn came with %d descriptors" % len(fds))
             try:
-                pid = _spawn(fds[0], msg["env"])
+                pid = _spawn(fds[0], msg["env"], msg["cwd"])
             except OSError as e:
                 _send({"s": "spawn_failed", "why": _clean(e)})
             else:
@@ -771,13 +783,12 @@ def _zygote():
             raise _ProtocolError("the zygote got %r" % op)
 
 
-def _spawn(fd, env):
+def _spawn(fd, env, cwd):
     global _zygote_forking
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         # Forking a process with threads copies locks they may hold: never done.
         raise OSError("the zygote has %d threads" % threads)
-    zygote = os.getpid()
     _zygote_forking = True
     try:
         pid = os.fork()
@@ -790,20 +801,20 @@ def _spawn(fd, env):
         except OSError:
             pass
         return pid
+    # No parent-death signal: a worker outlives its zygote (its guardian ends it with the
+    # program), so the zygote's end fails no call.
     try:
         os.setpgid(0, 0)
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: gone with the zygote
-        if os.getppid() != zygote:
-            os._exit(0)
-        _become_worker(fd, env)
+        _become_worker(fd, env, cwd)
     except BaseException:  # noqa: BLE001 - a child that cannot set up never serves
-        os._exit(72)
+        try:
+            traceback.print_exc()
+        finally:
+            os._exit(72)
     os._exit(0)
 
 
-def _become_worker(fd, env):
+def _become_worker(fd, env, cwd):
     global _SOCK, _seq
     _SOCK.close()
     os.set_inheritable(fd, False)
@@ -811,48 +822,61 @@ def _become_worker(fd, env):
     os.close(fd)
     _start_guardian(_SOCK.fileno())
     os.close(4)
-    for name, value in env:
-        os.environ[name] = value
+    # The program's environment and directory now, as a worker it started itself would have.
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
     _blas_threads(dict(env))
+    # NumPy's legacy global generator, if something imported it in the zygote, was seeded
+    # there: each worker gets its own stream (Python's `random` reseeds itself at fork).
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
     _seq = 0
     _serve()
 
 
 def _blas_threads(env):
-    """Sets the thread count of the BLAS library NumPy loaded (OpenBLAS, as NumPy's wheels ship
-    it, or MKL) to what `env` says, as its variables would have at load time."""
+    """Sets the thread count of every BLAS library loaded (OpenBLAS, as NumPy's wheels ship it or
+    as a system `libblas.so.3`, MKL, BLIS, FlexiBLAS) to what `env` says, as its variables would
+    have at load time: found by the setter each exports, whatever the file is called."""
     import ctypes
 
     def count(*names):
         for n in names:
             try:
-                return int(env[n])
+                return int(env[n].split(",")[0])
             except (KeyError, ValueError):
                 pass
         return None
-    setters = {
-        "openblas": (count("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"),
-                     ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
-                      "scipy_openblas_set_num_threads_64_", "openblas_set_num_threads64_")),
-        "mkl_rt": (count("MKL_NUM_THREADS", "OMP_NUM_THREADS"), ("MKL_Set_Num_Threads",)),
-    }
+    openblas = count("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+    setters = [
+        ("openblas_set_num_threads", openblas),
+        ("scipy_openblas_set_num_threads64_", openblas),
+        ("scipy_openblas_set_num_threads_64_", openblas),
+        ("openblas_set_num_threads64_", openblas),
+        ("MKL_Set_Num_Threads", count("MKL_NUM_THREADS", "OMP_NUM_THREADS")),
+        ("bli_thread_set_num_threads", count("BLIS_NUM_THREADS", "OMP_NUM_THREADS")),
+        ("flexiblas_set_num_threads", count("OMP_NUM_THREADS")),
+    ]
     seen = set()
     with open("/proc/self/maps") as maps:
         for line in maps:
             parts = line.split(None, 5)
             path = parts[5].strip() if len(parts) == 6 else ""
-            if not path.startswith("/") or path in seen:
+            if path.endswith(" (deleted)"):
+                path = path[: -len(" (deleted)")]
+            if not path.startswith("/") or ".so" not in path or path in seen:
                 continue
             seen.add(path)
-            base = os.path.basename(path)
-            for key, (n, names) in setters.items():
-                if key in base and n is not None:
-                    lib = ctypes.CDLL(path)
-                    for name in names:
-                        f = getattr(lib, name, None)
-                        if f is not None:
-                            f(n)
-                            break
+            try:
+                lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            except OSError:
+                continue  # (replaced on disk since it was loaded, say)
+            for name, n in setters:
+                f = getattr(lib, name, None) if n is not None else None
+                if f is not None:
+                    f(n)
+                    break
 
 
 def _serve():

@@ -34,28 +34,43 @@ impl Worker {
     /// ([`THREAD_VARS`]).
     pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
         let env = process::thread_env(threads);
-        let (sock, theirs) = UnixStream::pair().map_err(|e| {
-            StartError::Failed(format!(
-                "cannot make a socket for {}: {e}",
-                launch.python.display()
-            ))
-        })?;
+        let pair = || {
+            UnixStream::pair().map_err(|e| {
+                StartError::Failed(format!(
+                    "cannot make a socket for {}: {e}",
+                    launch.python.display()
+                ))
+            })
+        };
+        let (sock, theirs) = pair()?;
         match spawn(launch, &theirs, &env) {
             Spawn::Forked { pid, pidfd } => {
                 drop(theirs);
-                Worker::forked(id, launch, pid, pidfd, sock, REAPER)
+                match Worker::forked(id, launch, pid, pidfd, sock, REAPER) {
+                    Ok(worker) => return Ok(worker),
+                    // A forked worker that could not set itself up (its own output says why):
+                    // the zygote forks no more, and this worker starts directly.
+                    Err(e) => {
+                        tracing::debug!(?e, "pyop worker forked by the zygote did not start");
+                        stop_spawning();
+                    }
+                }
             }
-            Spawn::Refused(e) => Err(e),
-            Spawn::Direct => Worker::start_process(id, launch, sock, theirs, &env, false),
+            Spawn::Refused(e) => return Err(e),
+            Spawn::Direct => {}
         }
+        // A fresh socket: the zygote may have handed a child the other one before it failed.
+        let (sock, theirs) = pair()?;
+        Worker::start_process(id, launch, sock, theirs, &env, false)
     }
 }
 
 /// How a forked worker is reaped.
 const REAPER: Reaper = Reaper { reap, alive };
 
-/// How long the zygote may take to fork a worker or to say how one ended.
-const ZYGOTE_LIMIT: Duration = Duration::from_secs(30);
+/// How long the zygote may take to fork a worker or to say how one ended (a fork takes
+/// milliseconds; a zygote this late is stuck, and is killed).
+const ZYGOTE_LIMIT: Duration = Duration::from_secs(5);
 
 /// What a worker start gets from the zygote.
 enum Spawn {
@@ -106,6 +121,10 @@ impl Key {
 
 static ZYGOTE: Mutex<State> = Mutex::new(State::None);
 
+/// The running zygote's pidfd, apart from `ZYGOTE` (whose lock a request holds): whether it
+/// lives is known without waiting for one.
+static ZYGOTE_PIDFD: Mutex<Option<std::sync::Arc<OwnedFd>>> = Mutex::new(None);
+
 fn lock() -> std::sync::MutexGuard<'static, State> {
     ZYGOTE.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -125,6 +144,8 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
     if matches!(*state, State::None) {
         match start(launch) {
             Ok(zygote) => {
+                *ZYGOTE_PIDFD.lock().unwrap_or_else(|p| p.into_inner()) =
+                    process::pidfd_of(zygote.pid).map(std::sync::Arc::new);
                 *state = State::Running {
                     zygote: Box::new(zygote),
                     launch: Key::of(launch),
@@ -154,12 +175,31 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
     if !*spawning || *key != Key::of(launch) {
         return Spawn::Direct;
     }
-    let request = Request::Spawn { env };
+    // The program's environment and directory now (as a worker started directly would get
+    // them), the thread counts as a worker's; what is not UTF-8 cannot be sent.
+    let Some(cwd) = std::env::current_dir()
+        .ok()
+        .and_then(|d| d.into_os_string().into_string().ok())
+    else {
+        return Spawn::Direct;
+    };
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !THREAD_VARS.contains(&k.as_str()))
+        .chain(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())))
+        .collect();
+    let request = Request::Spawn {
+        env: &env,
+        cwd: &cwd,
+    };
     let broken = match zygote.zygote_request(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
         Ok(Reply::Spawned { pid }) => match process::pidfd_of(pid) {
             Some(pidfd) => return Spawn::Forked { pid, pidfd },
-            // Without pidfds a forked worker's end could not be seen: not used (and reaped).
+            // (pidfds worked for the zygote itself.) Not used: killed (its pid is still the
+            // zygote's to reap, so it names that process) and reaped.
             None => {
+                // SAFETY: kill takes plain integers; the zygote has not reaped `pid`.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                 let _ = zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT);
                 "no pidfd".to_owned()
             }
@@ -179,8 +219,20 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
     Spawn::Direct
 }
 
-/// Starts the zygote: a worker process in all but its `init`, every thread count at 1.
+/// Stops forking workers (the zygote stays, to reap the ones it forked).
+fn stop_spawning() {
+    if let State::Running { spawning, .. } = &mut *lock() {
+        *spawning = false;
+    }
+}
+
+/// Starts the zygote: a worker process in all but its `init`, every thread count at 1. Only
+/// where pidfds work (Linux 5.3 and later, not blocked by a seccomp profile): a forked worker's
+/// end is seen, and it is signalled, through one.
 fn start(launch: &Launch) -> Result<Worker, StartError> {
+    if process::pidfd_of(std::process::id()).is_none() {
+        return Err(StartError::Failed("no pidfds here".to_owned()));
+    }
     let (sock, theirs) = UnixStream::pair()
         .map_err(|e| StartError::Failed(format!("cannot make a socket for the zygote: {e}")))?;
     let env: Vec<(&str, String)> = THREAD_VARS.iter().map(|&v| (v, "1".to_owned())).collect();
@@ -205,9 +257,11 @@ fn reap(pid: u32) -> Option<i32> {
 }
 
 /// Whether the zygote is running (so the zombies of the workers it forked are still its own).
+/// Never waits for a zygote request.
 fn alive() -> bool {
-    match &mut *lock() {
-        State::Running { zygote, .. } => !zygote.exited(),
-        _ => false,
-    }
+    let fd = ZYGOTE_PIDFD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    fd.is_some_and(|fd| !process::readable_now(fd.as_fd()))
 }
