@@ -408,3 +408,45 @@ fn a_tensor_and_two_lists_reach_the_gradient_as_themselves() {
     .unwrap();
     assert_eq!(report.max_abs_error.len(), 5);
 }
+
+/// A Rust gradient of the wrong shape and one of the wrong dtype (each right in the other).
+fn misshapen_grad(call: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
+    let x = match call.args {
+        [Arg::Tensor(x)] => *x,
+        other => panic!("arguments {other:?}"),
+    };
+    let wrong = if x.dims() == [2] {
+        Tensor::zeros(3, x.dtype(), x.device())?
+    } else {
+        x.to_dtype(DType::F32)?
+    };
+    Ok(vec![Some(wrong)])
+}
+
+#[py_op(code = "def m(x):\n    return x", numpy, name = "m", tout = f64, grad = misshapen_grad)]
+fn misshapen(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// A Rust gradient is checked as a Python one is: its shape and its dtype, each on its own
+/// (mutation testing of `op/autograd/backward.rs`, `check_rust`: `||` → `&&` let either pass).
+#[test]
+fn rust_gradients_are_checked_for_shape_and_dtype() {
+    for (x, want) in [
+        (f64s(&[1.0, 2.0]), "gradient 0: expected f64[2], got f64[3]"),
+        (
+            f64s(&[1.0, 2.0, 3.0]),
+            "gradient 0: expected f64[3], got f32[3]",
+        ),
+    ] {
+        let v = Var::from_tensor(&x).unwrap();
+        let err = pyop::Error::from(
+            misshapen(&v)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap_err(),
+        );
+        assert_eq!(err.kind(), ErrorKind::GradientMismatch);
+        assert!(err.to_string().contains(want), "{err}");
+    }
+}
