@@ -711,7 +711,14 @@ fn main() {
     // on the GIL; in 2 workers they run side by side.
     let iters = if quick { 100 } else { pyloop_iters() };
     let calls = if quick { 2 } else { 100 };
-    report("python_numpy_start", python_numpy_start);
+    // The plain-interpreter cases need NumPy there (the venv's, as scripts/dev.sh sets it up).
+    let numpy_here = std::process::Command::new(venv_python())
+        .args(["-c", "import numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if numpy_here {
+        report("python_numpy_start", python_numpy_start);
+    }
     report("worker_start", worker_start);
     report("ipc_pingpong_blocking", || {
         ipc_pingpong_blocking(if quick { 10 } else { 5000 })
@@ -735,9 +742,11 @@ fn main() {
             median((0..calls.max(reps())).map(|_| time()).collect())
         });
     }
-    report("pyloop_inner_python", || {
-        python_process_loop(iters, calls.max(reps()))
-    });
+    if numpy_here {
+        report("pyloop_inner_python", || {
+            python_process_loop(iters, calls.max(reps()))
+        });
+    }
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
     for (place, op) in [
         ("inprocess", pyloop_in_process as Pyloop),
