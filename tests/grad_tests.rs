@@ -32,6 +32,26 @@ fn one_in_one_out_python_gradient() {
     assert!((g[0] + 2.0 / std::f64::consts::PI.sqrt()).abs() < 1e-15);
 }
 
+/// One tracked matrix: its gradient comes back as a matrix, element for element the gradient of
+/// the same values as a vector (mutation testing of `op/autograd/node.rs`: without the one-input
+/// case of `pack_input_grads` the gradient came back flat and candle refused to add it).
+#[test]
+fn one_matrix_input_gets_a_matrix_gradient() {
+    let values = [-1.5, -0.2, 0.0, 0.7, 2.5, 1.0];
+    let grad_of = |x: &Tensor| {
+        let v = Var::from_tensor(x).unwrap();
+        let g = erfcx(&v).unwrap().sum_all().unwrap().backward().unwrap();
+        g.get(&v).unwrap().clone()
+    };
+    let flat = grad_of(&f64s(&values));
+    let matrix = grad_of(&f64s(&values).reshape((2, 3)).unwrap());
+    assert_eq!(matrix.dims(), [2, 3]);
+    assert_eq!(
+        matrix.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+        flat.to_vec1::<f64>().unwrap()
+    );
+}
+
 #[py_op(file = "tests/py/special.py", numpy, tout = (f64, f32, i64), grad = "four_in_three_out_grad")]
 fn four_in_three_out(
     a: &Tensor,
