@@ -4,6 +4,12 @@
 //! span locations (Rust 1.88), which map Python line numbers to `.rs` lines and resolve
 //! `include_str!` paths. With a `PYO3_CONFIG_FILE` or `PYO3_CROSS*` (cross-compiling) there is no
 //! interpreter to ask and bodies are checked by `validate()` only.
+//!
+//! Why the search is written here rather than asked of pyo3-build-config, as `build.rs` and
+//! `runtime/build.rs` ask it: `pyo3_build_config::get()` reads what `pyo3-ffi`'s build script
+//! published (`DEP_PYTHON_PYO3_CONFIG`), which only a crate depending on `pyo3-ffi` directly
+//! sees, and a proc-macro crate that did would link libpython into the compiler's process; its
+//! `find_interpreter` is private. The rules below are pyo3-build-config 0.30's, step for step.
 
 use std::path::PathBuf;
 use std::process::Command;

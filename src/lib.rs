@@ -78,7 +78,7 @@ pub use pyop_runtime::{
     set_hot_reload, validate, validation_report, Arg, CallOptions, EnvSource, Error, ErrorKind,
     GradCheck, GradDecl, GradReport, GradientCall, Interpreter, Mode, OpBuilder, OpDecl, OpRef,
     OpStats, OutSpec, PoolStats, Problem, PyOp, PythonEnv, Result, RustGradient, Source,
-    SourceDecl, StaticOp, ValidationReport, Value, WorkerPool,
+    SourceDecl, StaticOp, Validate, ValidationReport, Value, WorkerPool,
 };
 
 /// candle-core 0.11, as pyop uses it: `pyop::candle::{Device, DType, Var, …}`.

@@ -138,6 +138,15 @@ fn every_declared_op_is_registered_by_rust_path() {
     // Same name, different crates or modules: both there, found by path; the bare name is ambiguous.
     assert!(pyop::registered_op("devx_tests::second::same_name").is_some());
     assert!(pyop::registered_op("same_name").is_none());
+    // The typed handle of each is that registry entry, without a string.
+    assert!(std::ptr::eq(
+        first::same_name::op(),
+        pyop::registered_op("devx_tests::first::same_name").unwrap()
+    ));
+    assert_eq!(
+        second::same_name::op().decl().rust_path(),
+        "devx_tests::second::same_name"
+    );
     assert_eq!(
         first::same_name(&x()).unwrap().to_vec1::<f64>().unwrap(),
         [2., 3.]
@@ -149,6 +158,9 @@ fn every_declared_op_is_registered_by_rust_path() {
     let stats = pyop::op_stats("devx_tests::first::same_name").unwrap();
     assert!(stats.calls >= 1);
 }
+
+#[py_op(code = "def shaped_like(x, y):\n    return x, y * 1.0", tout = (like(x), f64[y]))]
+fn shaped_like(x: &Tensor, y: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
 
 #[test]
 fn the_manifest_is_json_with_everything_declared() {
@@ -165,11 +177,17 @@ fn the_manifest_is_json_with_everything_declared() {
     assert_eq!(op["tout"], "f64");
     assert_eq!(op["file"], "tests/devx_tests.rs");
     assert_eq!(op["source"]["kind"], "code");
+    // Inline code comes from where it is written.
+    let origin = op["source"]["origin"].as_str().unwrap();
+    let line = origin.strip_prefix("tests/devx_tests.rs:").unwrap();
+    assert!(line.parse::<u32>().unwrap() > 1, "{origin}");
     assert_eq!(op["source"]["hash"].as_str().unwrap().len(), 16);
     assert_ne!(
         op["source"]["hash"],
         find("devx_tests::first::same_name")["source"]["hash"]
     );
+    // `tout` as declared, parameters by name.
+    assert_eq!(find("devx_tests::shaped_like")["tout"], "(like(x), f64[y])");
     let op = find("devx_tests::divmod");
     assert_eq!(op["tout"], "(i64, i64)");
     assert_eq!(op["source"]["kind"], "module");
@@ -331,9 +349,25 @@ fn missing_packages_say_what_to_do() {
         "{text}"
     );
     assert!(
-        text.contains("pip install pyop_surely_missing_pkg"),
+        text.contains(
+            "pip install pyop_surely_missing_pkg` (the package may have another name on PyPI)"
+        ),
         "{text}"
     );
+    // A module whose distribution has another name is installed by that name, and said plainly.
+    // (`None` in `sys.modules` makes the import fail whether or not scikit-learn is installed.)
+    let err = PyOp::builder("needs_sklearn")
+        .code(
+            "import sys\nsys.modules['sklearn'] = None\nimport sklearn.isotonic\n\
+             def needs_sklearn(x):\n    return x",
+        )
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("pip install scikit-learn`"), "{text}");
+    assert!(!text.contains("pip install sklearn"), "{text}");
+    assert!(!text.contains("another name"), "{text}");
 }
 
 // Declarations may return candle's or anyhow's `Result` (any `Result<_, E: From<pyop::Error>>`).
@@ -356,6 +390,18 @@ fn declarations_return_candle_or_anyhow_results() {
         .expect("a pyop::Error inside");
     assert_eq!(pyop_err.kind(), ErrorKind::InvalidArgument);
     assert!(err.to_string().contains("ValueError: no good"), "{err}");
+    // As candle's error: the same text (no context line of its own), and the kind back.
+    let pyop_err = anyhow_style(&x())
+        .unwrap_err()
+        .downcast::<pyop::Error>()
+        .unwrap();
+    let text = pyop_err.to_string();
+    let as_candle = pyop::candle::Error::from(pyop_err);
+    assert_eq!(as_candle.to_string(), text);
+    assert_eq!(
+        pyop::Error::from(as_candle).kind(),
+        ErrorKind::InvalidArgument
+    );
 }
 
 /// The files a `package` embeds (walked by the macro) and those the runtime reads for

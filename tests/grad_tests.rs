@@ -343,21 +343,56 @@ fn gradcheck_catches_a_wrong_gradient() {
     )
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::GradientMismatch);
-    // The loss weights each output element, so the two numbers differ by the factor 2 the wrong
-    // gradient lost.
+    assert_eq!(err.op(), Some("bad"));
+    // In gradient units: d(x²)/dx at 1 is 2; the wrong gradient gives 1.
     let text = err.to_string();
     assert!(
-        text.contains("input 0, element 0: analytic gradient"),
+        text.contains(
+            "d(output 0[0])/d(input 0[0]): analytic gradient 1 but finite differences give "
+        ),
         "{text}"
     );
-    let nums: Vec<f64> = text
-        .split(' ')
-        .filter_map(|w| w.trim_end_matches(',').parse().ok())
-        .collect();
-    let (analytic, numeric) = (nums[nums.len() - 2], nums[nums.len() - 1]);
-    assert!((numeric / analytic - 2.0).abs() < 1e-6, "{text}");
+    let numeric: f64 = text
+        .split("finite differences give ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!((numeric - 2.0).abs() < 1e-6, "{text}");
+    assert!(
+        text.contains("step eps = 0.000001; |difference| ")
+            && text.contains("> atol = 0.00001 + rtol = 0.001 × |finite difference|; the gradient of op `bad` ran for it)"),
+        "{text}"
+    );
 }
 
+/// Each Jacobian entry is checked on its own: a gradient that is right for the first output and
+/// wrong for the second is caught at the second, in that output's units.
+#[test]
+fn gradcheck_names_the_output_and_element() {
+    let op = PyOp::builder("two")
+        .code(
+            "def two(x):\n    return x * 2, x * x\n\
+             def two_grad(i, o, g):\n    return g[0] * 2 + g[1] * 3 * i[0]",
+        )
+        .numpy()
+        .tout([OutSpec::new(DType::F64), OutSpec::new(DType::F64)])
+        .gradient("two_grad")
+        .build()
+        .unwrap();
+    let err = gradcheck(
+        |xs| op.call(&[Arg::from(&xs[0])]),
+        &[f64s(&[1.0, 2.0])],
+        GradCheck::default(),
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    // Output 0 is right (2 everywhere); output 1 at x = 1: analytic 3 but d(x²)/dx = 2.
+    assert!(
+        text.contains("d(output 1[0])/d(input 0[0]): analytic gradient 3 but"),
+        "{text}"
+    );
+}
 fn mismatched_grad(_: &GradientCall<'_>) -> pyop::Result<Vec<Option<Tensor>>> {
     let a = Tensor::zeros(2, DType::F64, &cpu())?;
     let b = Tensor::zeros(3, DType::F64, &cpu())?;

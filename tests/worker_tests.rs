@@ -299,7 +299,7 @@ fn python_gradients_run_in_workers() {
     let g = grads.get(x.as_tensor()).unwrap();
     assert_eq!(g.to_vec1::<f64>().unwrap(), [3., 12., 0.75]);
     // A forward and a gradient call, both in the worker.
-    let op = pyop::registered_op("cube").unwrap().get().unwrap();
+    let op = cube::op().get().unwrap();
     assert_eq!(op.stats().calls, 2);
     assert!(op.stats().worker_time > Duration::ZERO);
 }
@@ -840,14 +840,26 @@ fn declared_ops_share_a_named_pool() {
 #[py_op(code = "import numpy as np\ndef halve(x):\n    return x / 2", numpy, workers = 2, tout = f32)]
 fn halve(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// A worker op whose module does not import NumPy: it loads in a program without NumPy, and
+/// only its worker finds NumPy missing.
+#[py_op(code = "def plain_w(x):\n    return x", numpy, workers = 1, tout = f32)]
+fn plain_w(x: &Tensor) -> pyop::Result<Tensor>;
+
 #[test]
-fn validate_starts_a_worker_for_declared_worker_ops() {
+fn validate_starts_workers_only_when_asked() {
     let _s = serial();
     pyop::validate().unwrap();
-    // validate() built the op and had a worker load its body.
-    let op = pyop::registered_op("halve").unwrap().get().unwrap();
+    // validate() checked the body in the program and started no worker.
+    let op = halve::op().get().unwrap();
     let pool = op.pool().expect("declared with workers = 2");
     assert_eq!(pool.size(), 2);
+    assert_eq!(pool.stats().started, 0, "{:?}", pool.stats());
+    // Asked to, it has a worker load the body (the typed handle names the op).
+    let report = pyop::Validate::ops([halve::op()])
+        .start_workers()
+        .check()
+        .unwrap();
+    assert_eq!(report.checked, 1);
     assert!(
         pool.stats().started >= 1 && pool.stats().calls >= 1,
         "{:?}",
@@ -908,8 +920,18 @@ fn worker_start_child() {
     println!("error: {err}");
     // validate() says the same of the declared worker ops (their workers cannot start either).
     if std::env::var_os("PYOP_PYTHON_ENV").is_none() {
-        let err = pyop::validate().unwrap_err();
+        let err = pyop::Validate::all().start_workers().check().unwrap_err();
         println!("validate: {err}");
+    } else {
+        // No NumPy in the program or its workers: one problem, whichever way an op meets it.
+        let report = pyop::Validate::ops([plain_w::op(), halve::op()])
+            .start_workers()
+            .report()
+            .unwrap();
+        for p in &report.problems {
+            println!("problem: {}", p.to_string().replace('\n', " "));
+        }
+        println!("validate: {} problem(s)", report.problems.len());
     }
     // The next call meets the same error (nothing is left half-started).
     assert_eq!(op.call(&[Arg::from(&x)]).unwrap_err().kind(), err.kind());
@@ -967,6 +989,12 @@ fn a_worker_that_cannot_start_is_a_clear_error() {
     );
     assert!(text.contains("PYOP_PYTHON_ENV=none"), "{text}");
     assert!(text.contains("-m pip install numpy"), "{text}");
+    assert!(text.contains("validate: 1 problem(s)"), "{text}");
+    assert!(
+        text.contains("affects 2 ops:       worker_tests::plain_w")
+            && text.contains("worker_tests::halve"),
+        "{text}"
+    );
 }
 
 /// `name` on PATH or among pyenv's versions.
@@ -1594,10 +1622,7 @@ fn a_module_that_fails_to_load_runs_its_top_level_once_per_worker() {
 
 /// The Python exception's type name an error carries.
 fn exception(e: &pyop::Error) -> Option<&str> {
-    match e {
-        pyop::Error::Python { exception, .. } => Some(exception.as_str()),
-        _ => None,
-    }
+    e.exception()
 }
 
 /// The bytes an op's calls copied into and out of workers (`OpStats`).

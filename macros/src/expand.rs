@@ -28,26 +28,40 @@ pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
         Ok(()) => expand(&opts, &function),
         Err(e) => {
             let errors = e.to_compile_error();
-            let fallback = fallback(&item);
+            let fallback = fallback(&item, opts.krate.as_ref().map(|k| &k.value));
             quote!(#errors #fallback)
         }
     }
 }
 
-/// The user's function with a body that never runs, so one mistake does not cascade into errors
-/// at every call site.
-fn fallback(item: &Item) -> TokenStream {
+/// The user's function with a body that never runs, and its handle module, so one mistake does
+/// not cascade into errors at every call site or use of `name::op()`.
+fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
     let sig = &item.sig;
     if sig.receiver().is_some() {
         return TokenStream::new();
     }
     let attrs = &item.attrs;
     let vis = &item.vis;
+    let ident = &sig.ident;
+    let p = match krate {
+        Some(k) => quote!(#k::__private),
+        None => quote!(::pyop::__private),
+    };
+    let handle = handle(item, &p, &ident.to_string());
+    let cfgs = cfgs(item);
     quote! {
         #(#attrs)*
         #[allow(unused_variables, clippy::diverging_sub_expression)]
         #vis #sig {
             ::core::unreachable!("#[py_op] declaration has errors")
+        }
+        #handle
+        #(#cfgs)*
+        impl #ident::Op {
+            fn __pyop_op() -> &'static #p::StaticOp {
+                ::core::unreachable!("#[py_op] declaration has errors")
+            }
         }
     }
 }
@@ -65,7 +79,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         // A package folder that cannot be read: the error, and the function still declared.
         Err(e) => {
             let err = e.to_compile_error();
-            let fallback = fallback(item);
+            let fallback = fallback(item, opts.krate.as_ref().map(|k| &k.value));
             return quote!(#err #fallback);
         }
     };
@@ -128,39 +142,90 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     };
     let line_span = ident.span();
     let line = quote_spanned!(line_span=> ::core::line!());
+    let handle = handle(item, &p, &name);
+    let cfgs = cfgs(item);
     quote! {
         #(#attrs)*
         #vis #sig {
-            static __PYOP_TOUT: [#p::OutSpec; #n_out] = [#(#tout),*];
-            static __PYOP_DECL: #p::OpDecl = #p::OpDecl::__new(#p::OpDeclParts {
-                name: #name,
-                module_path: ::core::module_path!(),
-                file: ::core::file!(),
-                line: #line,
-                source: #source,
-                function: #function,
-                mode: #mode,
-                tout: &__PYOP_TOUT,
-                grad: #grad,
-                params: &[#(#param_names),*],
-                timeout_ms: #timeout,
-                workers: #workers,
-                pool: #pool,
-                dlpack: #dlpack,
-            });
-            static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
-            #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
-            #p::inventory::submit! {
-                #p::BuildEnv {
-                    manifest_dir: ::core::env!("CARGO_MANIFEST_DIR"),
-                    pyop_python_env: ::core::option_env!("PYOP_PYTHON_ENV"),
-                    virtual_env: ::core::option_env!("VIRTUAL_ENV"),
-                }
-            }
-            let __pyop_outputs = __PYOP_OP.__call(&[#(#args),*], #device)?;
+            let __pyop_outputs = #ident::op().__call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
         }
+        #handle
+        // Outside the module, so that the declaration's paths (a Rust `grad`, a `code` constant)
+        // resolve where the user wrote them, also in a block (pyo3's `#[pyfunction]` does the
+        // same with its `MakeDef`).
+        #(#cfgs)*
+        impl #ident::Op {
+            fn __pyop_op() -> &'static #p::StaticOp {
+                static __PYOP_TOUT: [#p::OutSpec; #n_out] = [#(#tout),*];
+                static __PYOP_DECL: #p::OpDecl = #p::OpDecl::__new(#p::OpDeclParts {
+                    name: #name,
+                    module_path: ::core::module_path!(),
+                    file: ::core::file!(),
+                    line: #line,
+                    source: #source,
+                    function: #function,
+                    mode: #mode,
+                    tout: &__PYOP_TOUT,
+                    grad: #grad,
+                    params: &[#(#param_names),*],
+                    timeout_ms: #timeout,
+                    workers: #workers,
+                    pool: #pool,
+                    dlpack: #dlpack,
+                });
+                static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
+                #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
+                #p::inventory::submit! {
+                    #p::BuildEnv {
+                        manifest_dir: ::core::env!("CARGO_MANIFEST_DIR"),
+                        pyop_python_env: ::core::option_env!("PYOP_PYTHON_ENV"),
+                        virtual_env: ::core::option_env!("VIRTUAL_ENV"),
+                    }
+                }
+                &__PYOP_OP
+            }
+        }
     }
+}
+
+/// The module of the function's name (modules and functions live in different namespaces, as
+/// with pyo3's `#[pyfunction]`) that holds the typed handle: `name::op()`, the op's
+/// `StaticOp`; `Op::__pyop_op`, written beside it, gives it.
+fn handle(item: &Item, p: &TokenStream, name: &str) -> TokenStream {
+    let vis = &item.vis;
+    let ident = &item.sig.ident;
+    let cfgs = cfgs(item);
+    let mod_doc = format!(
+        " The op behind the `#[py_op]` function `{name}()`: `{name}::op()` is its `StaticOp` \
+         (its declaration, counters, workers and hot-reload state)."
+    );
+    let op_doc = format!(
+        " The op behind `{name}()`, built on first use by `get()` as a call would build it."
+    );
+    quote! {
+        #(#cfgs)*
+        #[doc = #mod_doc]
+        #vis mod #ident {
+            #[doc = #op_doc]
+            #[allow(dead_code, unreachable_pub)]
+            #[inline]
+            pub fn op() -> &'static #p::StaticOp {
+                Op::__pyop_op()
+            }
+            #[doc(hidden)]
+            #[allow(dead_code, unreachable_pub)]
+            pub struct Op(());
+        }
+    }
+}
+
+/// The function's `#[cfg]`s, which its generated items share.
+fn cfgs(item: &Item) -> Vec<&syn::Attribute> {
+    item.attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .collect()
 }
 
 /// The `SourceDecl` of the declaration's source.

@@ -60,7 +60,10 @@ pub enum ErrorKind {
 /// An error from a pyop op, from [`validate`](crate::validate), or from candle.
 ///
 /// Match on [`kind`](Error::kind) rather than on messages; [`op`](Error::op),
-/// [`index`](Error::index) and [`traceback`](Error::traceback) say where it came from.
+/// [`index`](Error::index), [`exception`](Error::exception), [`message`](Error::message),
+/// [`traceback`](Error::traceback) and [`candle`](Error::candle) say where it came from and
+/// what it was. The variants can be matched (with `..`: they may gain fields) but not built
+/// outside pyop.
 ///
 /// ```
 /// use pyop::candle::{DType, Device, Tensor};
@@ -86,6 +89,7 @@ pub enum ErrorKind {
 #[non_exhaustive]
 pub enum Error {
     /// The body raised a Python exception.
+    #[non_exhaustive]
     #[error("{}{exception}: {message}{}", op_prefix(op), fmt_traceback(traceback))]
     Python {
         /// The op it comes from; `None` for an error of no one op (`validate()`, set-up).
@@ -99,6 +103,7 @@ pub enum Error {
     },
 
     /// A value the body (or gradient) returned does not match what was declared.
+    #[non_exhaustive]
     #[error("{}{what}", op_prefix(op))]
     Mismatch {
         /// The op it comes from.
@@ -110,6 +115,7 @@ pub enum Error {
     },
 
     /// A failure of pyop itself or of its environment, with a hint of what to do.
+    #[non_exhaustive]
     #[error("{}{message}", op_prefix(op))]
     Op {
         /// The op it comes from; `None` for an error of no one op.
@@ -119,6 +125,7 @@ pub enum Error {
     },
 
     /// An error from candle.
+    #[non_exhaustive]
     #[error(transparent)]
     Candle(candle_core::Error),
 }
@@ -207,6 +214,32 @@ impl Error {
     pub fn traceback(&self) -> Option<&str> {
         match self {
             Error::Python { traceback, .. } => Some(traceback),
+            _ => None,
+        }
+    }
+
+    /// The Python exception's type name (`ValueError`), for errors raised in Python.
+    pub fn exception(&self) -> Option<&str> {
+        match self {
+            Error::Python { exception, .. } => Some(exception),
+            _ => None,
+        }
+    }
+
+    /// What went wrong, without the op's name or the traceback (the exception's message, what
+    /// did not match, pyop's own message, or candle's).
+    pub fn message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Error::Python { message, .. } | Error::Op { message, .. } => message.into(),
+            Error::Mismatch { what, .. } => what.into(),
+            Error::Candle(e) => e.to_string().into(),
+        }
+    }
+
+    /// The candle error, for errors from candle.
+    pub fn candle(&self) -> Option<&candle_core::Error> {
+        match self {
+            Error::Candle(e) => Some(e),
             _ => None,
         }
     }
@@ -326,23 +359,63 @@ macro_rules! bail {
 }
 pub(crate) use bail;
 
-const CANDLE_CONTEXT: &str = "pyop";
+/// A pyop error inside candle's `Error::Wrapped`, whose text is the error's own
+/// (`WrappedContext`, the one candle variant that can be downcast, adds its context on a line of
+/// its own). A `Wrapped` holds only a `dyn Display`, so live ones are known by address: the
+/// conversion back recovers the error, kind and all.
+struct Carried(Option<Error>);
+
+/// The addresses of the live [`Carried`]s.
+static CARRIED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+fn carried() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    CARRIED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl fmt::Display for Carried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(e) => fmt::Display::fmt(e, f),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        let at = self as *const Carried as usize;
+        carried().retain(|&a| a != at);
+    }
+}
+
+/// The pyop error `wrapped` carries, if it is a [`Carried`]; else `wrapped` back.
+fn uncarry(
+    wrapped: Box<dyn fmt::Display + Send + Sync>,
+) -> std::result::Result<Error, Box<dyn fmt::Display + Send + Sync>> {
+    let at = &*wrapped as *const (dyn fmt::Display + Send + Sync) as *const () as usize;
+    {
+        let mut live = carried();
+        let Some(i) = live.iter().position(|&a| a == at) else {
+            return Err(wrapped);
+        };
+        live.swap_remove(i);
+    }
+    // SAFETY: an address is in CARRIED only from `From<Error>`'s boxing of a `Carried` until
+    // that `Carried` is dropped, and no other allocation can sit at a live one's address: the
+    // data of `wrapped`, which we own, is that `Carried`, allocated by `Box` with its layout.
+    let mut carried = unsafe { Box::from_raw(Box::into_raw(wrapped) as *mut Carried) };
+    Ok(carried.0.take().expect("a live Carried holds its error"))
+}
 
 impl From<candle_core::Error> for Error {
     /// Unwraps a pyop error that travelled through candle (e.g. out of `backward()`), so its kind
     /// survives the round trip.
     fn from(err: candle_core::Error) -> Self {
         match err {
-            candle_core::Error::WrappedContext { wrapped, context }
-                if context == CANDLE_CONTEXT =>
-            {
-                match wrapped.downcast::<Error>() {
-                    Ok(e) => *e,
-                    Err(wrapped) => {
-                        Error::Candle(candle_core::Error::WrappedContext { wrapped, context })
-                    }
-                }
-            }
+            candle_core::Error::Wrapped(wrapped) => match uncarry(wrapped) {
+                Ok(e) => e,
+                Err(wrapped) => Error::Candle(candle_core::Error::Wrapped(wrapped)),
+            },
             candle_core::Error::WithBacktrace { inner, backtrace } => match Error::from(*inner) {
                 // A plain candle error keeps its backtrace; a pyop error inside is unwrapped.
                 Error::Candle(inner) => Error::Candle(candle_core::Error::WithBacktrace {
@@ -364,13 +437,46 @@ impl From<candle_core::Error> for Error {
 }
 
 impl From<Error> for candle_core::Error {
+    /// A pyop error as candle's `Error::Wrapped`: its text unchanged, and the error itself back
+    /// (kind, op, traceback) when converted to [`Error`] again.
     fn from(err: Error) -> Self {
         match err {
             Error::Candle(e) => e,
-            e => candle_core::Error::WrappedContext {
-                wrapped: Box::new(e),
-                context: CANDLE_CONTEXT.to_owned(),
-            },
+            e => {
+                let boxed = Box::new(Carried(Some(e)));
+                carried().push(&*boxed as *const Carried as usize);
+                candle_core::Error::Wrapped(boxed)
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, ErrorKind};
+
+    /// Through candle and back: the text unchanged (no context line), the error itself back.
+    #[test]
+    fn a_pyop_error_crosses_candle_whole() {
+        let e = Error::mismatch("op_a", ErrorKind::OutputMismatch, Some(1), "wrong");
+        let text = e.to_string();
+        let c = candle_core::Error::from(e);
+        assert_eq!(c.to_string(), text);
+        let back = Error::from(c);
+        assert_eq!(back.kind(), ErrorKind::OutputMismatch);
+        assert_eq!((back.op(), back.index()), (Some("op_a"), Some(1)));
+        // With candle's context and backtrace around it, too.
+        let e = Error::op_failure("op_b", ErrorKind::Timeout, "late");
+        let c = candle_core::Error::from(e).bt();
+        assert_eq!(Error::from(c).kind(), ErrorKind::Timeout);
+        // A candle error that is not one stays candle's, and dropping a carried one forgets it.
+        let plain = Error::from(candle_core::Error::Wrapped(Box::new("not pyop")));
+        assert_eq!(plain.kind(), ErrorKind::Candle);
+        assert_eq!(plain.to_string(), "not pyop");
+        let live = super::carried().len();
+        let c = candle_core::Error::from(Error::op_failure("op_c", ErrorKind::Source, "x"));
+        assert_eq!(super::carried().len(), live + 1);
+        drop(c);
+        assert_eq!(super::carried().len(), live);
     }
 }

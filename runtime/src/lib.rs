@@ -47,7 +47,9 @@ pub use spec::{numpy_can_hold, Mode, OutSpec};
 pub use stats::OpStats;
 pub use tools::gradcheck::{gradcheck, GradCheck, GradReport};
 pub use tools::manifest::manifest_json;
-pub use tools::validate::{validate, validation_report, OpRef, Problem, ValidationReport};
+pub use tools::validate::{
+    validate, validation_report, OpRef, Problem, Validate, ValidationReport,
+};
 pub use worker::{PoolStats, WorkerPool};
 
 /// What `#[py_op]` expansions refer to; not a public API.

@@ -36,7 +36,7 @@ impl fmt::Display for Mode {
 /// Made with [`OutSpec::new`], [`OutSpec::with_shape`], [`OutSpec::shaped`] or [`OutSpec::like`];
 /// [`OutSpec::with_dtype_of`] makes its dtype a tensor argument's, so one declaration serves
 /// every dtype (`tout = x.dtype`, `like(x)`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct OutSpec {
     /// The output's dtype.
@@ -171,18 +171,19 @@ impl OutSpec {
     }
 }
 
-impl fmt::Display for OutSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // An argument's dtype, by the argument's index (the declaration's name is not kept).
+impl OutSpec {
+    /// Written as `#[py_op]` accepts it (`f32[_, 3]`, `f64[x]`, `x.dtype`, `like(x)`), argument
+    /// `i` named `name(i)`.
+    fn write_named(&self, f: &mut dyn fmt::Write, name: &dyn Fn(usize) -> String) -> fmt::Result {
         match (self.dtype_of, self.like) {
             (Some(i), Some(j)) if i == j && self.shape.is_none() => {
-                return write!(f, "like(args[{i}])")
+                return write!(f, "like({})", name(i))
             }
-            (Some(i), _) => write!(f, "args[{i}].dtype")?,
+            (Some(i), _) => write!(f, "{}.dtype", name(i))?,
             (None, _) => f.write_str(self.dtype.as_str())?,
         }
         if let Some(i) = self.like {
-            write!(f, "[like argument {i}]")?;
+            write!(f, "[{}]", name(i))?;
         }
         if let Some(shape) = &self.shape {
             f.write_str("[")?;
@@ -201,12 +202,43 @@ impl fmt::Display for OutSpec {
     }
 }
 
-/// Formats a `tout` list as the macro accepts it: `f32`, `(f32, i64[_, 2])` or `()`.
+/// As `#[py_op]` writes it, an argument named by its index (`args[0]`): `f64[args[0]]`,
+/// `like(args[0])`.
+impl fmt::Display for OutSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_named(f, &|i| format!("args[{i}]"))
+    }
+}
+
+/// As [`Display`](fmt::Display): the dtype of an output that takes an argument's is that
+/// argument's, not the placeholder the struct holds.
+impl fmt::Debug for OutSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OutSpec({self})")
+    }
+}
+
+/// The declared outputs as `#[py_op]`'s `tout` writes them.
 pub(crate) fn tout_to_string(tout: &[OutSpec]) -> String {
+    tout_named(tout, &[])
+}
+
+/// The declared outputs as `#[py_op]`'s `tout` writes them, arguments by their names in
+/// `params` (by index, `args[i]`, past its end).
+pub(crate) fn tout_named(tout: &[OutSpec], params: &[&str]) -> String {
+    let name = |i: usize| match params.get(i) {
+        Some(p) => (*p).to_owned(),
+        None => format!("args[{i}]"),
+    };
+    let one = |o: &OutSpec| {
+        let mut s = String::new();
+        let _ = o.write_named(&mut s, &name);
+        s
+    };
     match tout {
-        [one] => one.to_string(),
+        [o] => one(o),
         many => {
-            let parts: Vec<String> = many.iter().map(ToString::to_string).collect();
+            let parts: Vec<String> = many.iter().map(one).collect();
             format!("({})", parts.join(", "))
         }
     }
@@ -289,10 +321,17 @@ mod tests {
         ];
         assert_eq!(tout_to_string(&two), "(f32, i64[_, 2])");
         assert_eq!(OutSpec::shaped(DType::F64, vec![]).to_string(), "f64[]");
-        assert_eq!(
-            OutSpec::like(DType::F32, 1).to_string(),
-            "f32[like argument 1]"
-        );
+        assert_eq!(OutSpec::like(DType::F32, 1).to_string(), "f32[args[1]]");
+        // The manifest names the parameters; `like(x)` and `x.dtype` read as declared.
+        let like = [
+            OutSpec::same_as(0),
+            OutSpec::new(DType::F32).with_dtype_of(1),
+            OutSpec::like(DType::F64, 1),
+        ];
+        assert_eq!(tout_named(&like, &["x", "y"]), "(like(x), y.dtype, f64[y])");
+        assert_eq!(tout_to_string(&like[..1]), "like(args[0])");
+        // Debug shows no placeholder dtype.
+        assert_eq!(format!("{:?}", like[0]), "OutSpec(like(args[0]))");
     }
 
     #[test]

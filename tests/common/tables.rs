@@ -224,6 +224,7 @@ pub fn python_exceptions_keep_kind_message_and_traceback(op: Make<'_>) {
             panic!("{err:?}")
         };
         assert_eq!(e, exception);
+        assert_eq!(err.exception(), Some(exception));
         assert!(
             traceback.contains("Traceback (most recent call last)"),
             "{traceback}"

@@ -136,14 +136,113 @@ fn missing_package_hint(py: Python<'_>, err: &PyErr) -> String {
         .getattr("name")
         .and_then(|n| n.extract())
         .unwrap_or_default();
-    let top = name.split('.').next().unwrap_or_default();
+    let (package, known) = distribution(&name);
+    // A name pip may not know under that name is said to be a guess.
+    let guess = if known {
+        ""
+    } else {
+        " (the package may have another name on PyPI)"
+    };
     match super::env::current(py) {
         Some(env) => format!(
-            " (pyop uses {}: install it with {}{})",
+            " (pyop uses {}: install it with {}{guess}{})",
             env.describe(),
-            env.pip_install(top),
+            env.pip_install(package),
             env.problems_note()
         ),
-        None => format!(" (install it: `pip install {top}`)"),
+        None => format!(" (install it: `pip install {package}`{guess})"),
+    }
+}
+
+/// Import names and their distributions, sorted by import name (a test checks it).
+const TOP: &[(&str, &str)] = &[
+    ("Bio", "biopython"),
+    ("Crypto", "pycryptodome"),
+    ("Levenshtein", "levenshtein"),
+    ("MySQLdb", "mysqlclient"),
+    ("OpenSSL", "pyOpenSSL"),
+    ("PIL", "pillow"),
+    ("attr", "attrs"),
+    ("bs4", "beautifulsoup4"),
+    ("cv2", "opencv-python"),
+    ("dateutil", "python-dateutil"),
+    ("docx", "python-docx"),
+    ("dotenv", "python-dotenv"),
+    ("faiss", "faiss-cpu"),
+    ("fitz", "PyMuPDF"),
+    ("gi", "PyGObject"),
+    ("git", "GitPython"),
+    ("jax", "jax"),
+    ("jwt", "PyJWT"),
+    ("magic", "python-magic"),
+    ("matplotlib", "matplotlib"),
+    ("mpl_toolkits", "matplotlib"),
+    ("numba", "numba"),
+    ("numpy", "numpy"),
+    ("pandas", "pandas"),
+    ("pkg_resources", "setuptools"),
+    ("pptx", "python-pptx"),
+    ("scipy", "scipy"),
+    ("serial", "pyserial"),
+    ("skimage", "scikit-image"),
+    ("sklearn", "scikit-learn"),
+    ("tensorflow", "tensorflow"),
+    ("tokenizers", "tokenizers"),
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("umap", "umap-learn"),
+    ("usb", "pyusb"),
+    ("wx", "wxPython"),
+    ("yaml", "PyYAML"),
+    ("zmq", "pyzmq"),
+];
+
+/// The PyPI distribution that provides the module `import` (dotted), and whether that is known
+/// rather than guessed: the common packages whose import name differs from their distribution
+/// name (`sklearn` is `scikit-learn`, `cv2` is `opencv-python`, …) and the common ones whose
+/// names agree; any other name is its own top-level module, a guess.
+fn distribution(import: &str) -> (&str, bool) {
+    // Dotted names first: a namespace package's top level (`google`) names no distribution.
+    const DOTTED: &[(&str, &str)] = &[
+        ("google.protobuf", "protobuf"),
+        ("ruamel.yaml", "ruamel.yaml"),
+    ];
+    if let Some(&(_, d)) = DOTTED
+        .iter()
+        .find(|(m, _)| import == *m || import.strip_prefix(m).is_some_and(|r| r.starts_with('.')))
+    {
+        return (d, true);
+    }
+    let top = import.split('.').next().unwrap_or_default();
+    match TOP.binary_search_by(|(m, _)| (*m).cmp(top)) {
+        Ok(i) => (TOP[i].1, true),
+        Err(_) => (top, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{distribution, TOP};
+
+    #[test]
+    fn the_table_is_sorted() {
+        assert!(TOP.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn install_hints_name_the_distribution() {
+        assert_eq!(distribution("sklearn"), ("scikit-learn", true));
+        assert_eq!(distribution("sklearn.isotonic"), ("scikit-learn", true));
+        assert_eq!(distribution("cv2"), ("opencv-python", true));
+        assert_eq!(distribution("PIL.Image"), ("pillow", true));
+        assert_eq!(distribution("yaml"), ("PyYAML", true));
+        assert_eq!(distribution("numpy.linalg"), ("numpy", true));
+        assert_eq!(distribution("google.protobuf.message"), ("protobuf", true));
+        assert_eq!(distribution("ruamel.yaml"), ("ruamel.yaml", true));
+        // Unknown: its top level, said to be a guess.
+        assert_eq!(distribution("google"), ("google", false));
+        assert_eq!(distribution("google.protobufx"), ("google", false));
+        assert_eq!(distribution("mylib.helpers"), ("mylib", false));
+        assert_eq!(distribution(""), ("", false));
     }
 }

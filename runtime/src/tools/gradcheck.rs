@@ -70,7 +70,8 @@ impl GradCheck {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct GradReport {
-    /// Per input, the largest |analytic − numeric| over its elements (0 for integer inputs).
+    /// Per input, the largest |analytic − numeric| over the entries ∂y_j[m]/∂x_i[k] of the
+    /// Jacobian (0 for integer inputs).
     pub max_abs_error: Vec<f64>,
 }
 
@@ -78,11 +79,15 @@ pub struct GradReport {
 /// `gradcheck`.
 ///
 /// `f` gets the inputs as tensors that autograd tracks (`Var`s of each input's dtype) and returns
-/// any number of outputs. Any float dtype works: an input narrower than f64 is checked with
-/// [`GradCheck::for_dtype`]'s tolerances (f64 inputs give the tightest check). The loss is
-/// `Σ_j Σ (y_j · w_j)` with fixed pseudo-random weights `w_j`, so every output element counts.
-/// Integer inputs and outputs are left out. Returns an error of kind
-/// [`ErrorKind::GradientMismatch`] naming the input and element where the two disagree.
+/// any number of outputs. Every entry of the Jacobian, ∂y_j[m]/∂x_i[k] for each float output
+/// element and float input element, is compared: the analytic one from a backward pass per
+/// output element, the numeric one from two calls of `f` per input element (so keep the inputs
+/// small, as for torch's). Any float dtype works: an input narrower than f64 is checked with
+/// [`GradCheck::for_dtype`]'s tolerances (f64 inputs give the tightest check). Integer inputs
+/// and outputs are left out. An entry with |analytic − numeric| > `atol + rtol·|numeric|` is an
+/// error of kind [`ErrorKind::GradientMismatch`] that gives both values, the output, input and
+/// elements, the step and tolerances, and the ops whose gradient that backward pass ran (the
+/// error's [`op`](crate::Error::op) where it is one).
 ///
 /// ```
 /// use pyop::candle::{Device, Tensor};
@@ -111,85 +116,86 @@ where
         .iter()
         .map(candle_core::Var::from_tensor)
         .collect::<candle_core::Result<_>>()?;
-    let as_tensors =
-        |vs: &[candle_core::Var]| vs.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>();
-    let loss = |xs: &[Tensor]| -> Result<Tensor> {
-        let ys = f(xs)?;
-        let mut total: Option<Tensor> = None;
-        for (j, y) in ys.iter().enumerate() {
-            if !y.dtype().is_float() {
-                continue;
+    // The float outputs, flat, and their indices among all outputs.
+    let float_outputs = |xs: &[Tensor]| -> Result<Vec<(usize, Tensor)>> {
+        let mut outs = Vec::new();
+        for (j, y) in f(xs)?.into_iter().enumerate() {
+            if y.dtype().is_float() {
+                outs.push((j, y.flatten_all()?));
             }
-            let y = y.to_dtype(DType::F64)?;
-            let w: Vec<f64> = (0..y.elem_count()).map(|k| weight(j, k)).collect();
-            let w = Tensor::from_vec(w, y.shape(), y.device())?;
-            let term = (y * w)?.sum_all()?;
-            total = Some(match total {
-                None => term,
-                Some(t) => (t + term)?,
-            });
         }
-        total.ok_or_else(|| {
-            Error::op_failure(
-                NO_OP,
-                ErrorKind::InvalidArgument,
-                "the function has no float output",
-            )
-        })
+        Ok(outs)
     };
-    let xs = as_tensors(&vars);
-    let grads = loss(&xs)?.backward()?;
+    let xs: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let ys = float_outputs(&xs)?;
+    if ys.is_empty() {
+        return Err(Error::op_failure(
+            NO_OP,
+            ErrorKind::InvalidArgument,
+            "the function has no float output",
+        ));
+    }
+    // Analytic rows: one backward pass per output element gives ∂y_j[m]/∂x for every input.
+    let mut rows = Vec::new();
+    for (j, y) in &ys {
+        for m in 0..y.elem_count() {
+            let (grads, ran) = crate::op::autograd::gradients_run(|| {
+                y.narrow(0, m, 1)?
+                    .to_dtype(DType::F64)?
+                    .sum_all()?
+                    .backward()
+            });
+            let grads = grads?;
+            let per_input = xs
+                .iter()
+                .map(|x| match grads.get(x) {
+                    Some(g) => Ok(Some(g.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)),
+                    None => Ok(None),
+                })
+                .collect::<candle_core::Result<Vec<Option<Vec<f64>>>>>()?;
+            rows.push((*j, m, per_input, ran));
+        }
+    }
     let mut report = GradReport {
         max_abs_error: Vec::new(),
     };
-    for (i, var) in vars.iter().enumerate() {
-        let x = var.as_tensor();
+    for (i, x) in xs.iter().enumerate() {
         if !x.dtype().is_float() {
             report.max_abs_error.push(0.0);
             continue;
         }
-        let analytic: Vec<f64> = match grads.get(x) {
-            Some(g) => g.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?,
-            None => vec![0.0; x.elem_count()],
-        };
         let base: Vec<f64> = x.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
         let tol = tol.for_dtype(x.dtype());
         let mut worst: f64 = 0.0;
         for k in 0..base.len() {
-            let at = |delta: f64| -> Result<f64> {
+            // Every output element at x_i[k] ± eps: a column of the numeric Jacobian.
+            let at = |delta: f64| -> Result<Vec<f64>> {
                 let mut v = base.clone();
                 v[k] += delta;
-                let xi = Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(x.dtype())?;
-                let mut probe: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().detach()).collect();
-                probe[i] = xi;
-                Ok(loss(&probe)?.to_scalar::<f64>()?)
+                let mut probe: Vec<Tensor> = xs.iter().map(Tensor::detach).collect();
+                probe[i] = Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(x.dtype())?;
+                let mut column = Vec::new();
+                for (_, y) in float_outputs(&probe)? {
+                    column.extend(y.to_dtype(DType::F64)?.to_vec1::<f64>()?);
+                }
+                Ok(column)
             };
-            let numeric = (at(tol.eps)? - at(-tol.eps)?) / (2.0 * tol.eps);
-            let err = (analytic[k] - numeric).abs();
-            worst = worst.max(err);
-            if err > tol.atol + tol.rtol * numeric.abs() || err.is_nan() {
-                return Err(Error::mismatch(
-                    NO_OP,
-                    ErrorKind::GradientMismatch,
-                    Some(i),
-                    format!(
-                        "input {i}, element {k}: analytic gradient {} but finite differences give {numeric}{}",
-                        analytic[k],
-                        if x.dtype() == DType::F64 {
-                            String::new()
-                        } else {
-                            format!(
-                                " (in {}, with step eps = {} and atol = {}, rtol = {}: a smaller \
-                                 step is lost to rounding in that dtype; check the gradient with \
-                                 f64 inputs for a tight comparison)",
-                                x.dtype().as_str(),
-                                tol.eps,
-                                tol.atol,
-                                tol.rtol
-                            )
-                        }
-                    ),
-                ));
+            let (plus, minus) = (at(tol.eps)?, at(-tol.eps)?);
+            for (r, (j, m, per_input, ran)) in rows.iter().enumerate() {
+                let numeric = (plus[r] - minus[r]) / (2.0 * tol.eps);
+                let analytic = per_input[i].as_ref().map_or(0.0, |g| g[k]);
+                let err = (analytic - numeric).abs();
+                worst = worst.max(err);
+                if err > tol.atol + tol.rtol * numeric.abs() || err.is_nan() {
+                    return Err(mismatch(
+                        (i, k, *j, *m),
+                        analytic,
+                        numeric,
+                        x.dtype(),
+                        tol,
+                        ran,
+                    ));
+                }
             }
         }
         report.max_abs_error.push(worst);
@@ -197,12 +203,48 @@ where
     Ok(report)
 }
 
-/// Fixed weights in [0.5, 1.5), different per output and element.
-fn weight(j: usize, k: usize) -> f64 {
-    let mut h = (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (k as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-    h ^= h >> 31;
-    h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
-    h ^= h >> 29;
-    0.5 + (h >> 11) as f64 / (1u64 << 53) as f64
+/// The error for the Jacobian entry ∂y_j[m]/∂x_i[k] whose two values disagree, in gradient
+/// units, naming the ops whose gradient ran for it (the error's op when there is one).
+fn mismatch(
+    (i, k, j, m): (usize, usize, usize, usize),
+    analytic: f64,
+    numeric: f64,
+    dtype: DType,
+    tol: GradCheck,
+    ran: &[String],
+) -> Error {
+    let ops = match ran {
+        [] => String::from("no op's registered gradient ran for it"),
+        [one] => format!("the gradient of op `{one}` ran for it"),
+        many => format!(
+            "the gradients of ops {} ran for it",
+            many.iter()
+                .map(|o| format!("`{o}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let precision = if dtype == DType::F64 {
+        String::new()
+    } else {
+        format!(
+            "; in {}: a smaller step is lost to rounding in that dtype, check the gradient with \
+             f64 inputs for a tight comparison",
+            dtype.as_str()
+        )
+    };
+    let what = format!(
+        "d(output {j}[{m}])/d(input {i}[{k}]): analytic gradient {analytic} but finite differences \
+         give {numeric} (central differences with step eps = {}; |difference| {} > atol = {} + \
+         rtol = {} × |finite difference|; {ops}{precision})",
+        tol.eps,
+        (analytic - numeric).abs(),
+        tol.atol,
+        tol.rtol,
+    );
+    let op = match ran {
+        [one] => Some(one.as_str()),
+        _ => None,
+    };
+    Error::mismatch(op, ErrorKind::GradientMismatch, Some(i), what)
 }

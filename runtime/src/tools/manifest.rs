@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::registry::decl::{GradDecl, SourceDecl};
 use crate::registry::registered_ops;
-use crate::spec::tout_to_string;
+use crate::spec::tout_named;
 
 /// Every declared op as JSON: name, Rust path and location, mode, `tout`, gradient, where its
 /// source came from, and a hash of the source's text (FNV-1a, 64 bits).
@@ -16,7 +16,10 @@ pub fn manifest_json() -> String {
             out.push(',');
         }
         let (kind, origin, text) = match d.source_decl() {
-            SourceDecl::Code { text, .. } => ("code", String::new(), Some(*text)),
+            // Inline code: where it is written.
+            SourceDecl::Code { text, line, .. } => {
+                ("code", format!("{}:{line}", d.file()), Some(*text))
+            }
             SourceDecl::File { path, text, .. } => ("file", (*path).to_owned(), Some(*text)),
             SourceDecl::Package { path, module, .. } => {
                 ("package", format!("{path}:{module}"), None)
@@ -48,7 +51,7 @@ pub fn manifest_json() -> String {
             d.line(),
             json_str(d.mode().as_str()),
             json_str(d.function()),
-            json_str(&tout_to_string(d.tout())),
+            json_str(&tout_named(d.tout(), d.params())),
             grad,
             json_str(kind),
             json_str(&origin),

@@ -102,6 +102,26 @@ impl ValidationReport {
         Err(Error::op_failure(NO_OP, ErrorKind::Validation, msg))
     }
 
+    /// Adds `decl` to the problem of `cause` unless that problem lists it already (an op meets
+    /// one cause once), or a new problem with `message`.
+    fn add_once(
+        &mut self,
+        causes: &mut Vec<String>,
+        cause: String,
+        decl: &OpDecl,
+        message: String,
+    ) {
+        let listed = causes.iter().position(|c| *c == cause).is_some_and(|i| {
+            self.problems[i]
+                .ops
+                .iter()
+                .any(|o| o.name == decl.name() && o.line == decl.line())
+        });
+        if !listed {
+            self.add(causes, cause, Some(OpRef::of(decl)), message);
+        }
+    }
+
     /// Adds `op` to the problem of `cause`, or a new problem with `message`.
     fn add(&mut self, causes: &mut Vec<String>, cause: String, op: Option<OpRef>, message: String) {
         match causes.iter().position(|c| *c == cause) {
@@ -133,13 +153,100 @@ impl ValidationReport {
 /// ```
 ///
 /// Problems are grouped by cause: NumPy missing is one problem listing every numpy-mode op.
+///
+/// **Cost:** it imports every op's source, which a first call would do anyway, so it moves
+/// that cost to the start rather than adding to it: milliseconds for plain NumPy bodies,
+/// seconds for bodies that import SciPy, scikit-learn or JAX. It starts no worker. To check some
+/// ops only, or to start a worker for each worker op as well, use [`Validate`].
 pub fn validate() -> Result<ValidationReport> {
-    validation_report()?.check()
+    Validate::all().check()
 }
 
 /// Like [`validate`], but returns the report even when it lists problems.
 pub fn validation_report() -> Result<ValidationReport> {
-    with_gil(NO_OP, |py| {
+    Validate::all().report()
+}
+
+/// What [`validate`] checks, chosen by the program: every declared op or some, and whether a
+/// worker op also starts a worker and loads its body there.
+///
+/// ```
+/// use pyop::{py_op, Tensor, Validate};
+///
+/// #[py_op(code = "def twice(x):\n    return x * 2", tout = f64)]
+/// fn twice(x: &Tensor) -> pyop::Result<Tensor>;
+///
+/// # fn main() -> pyop::Result<()> {
+/// // Only the ops this command uses, by their typed handles.
+/// Validate::ops([twice::op()]).check()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a Validate checks nothing until `check()` or `report()`"]
+pub struct Validate {
+    ops: Option<Vec<&'static StaticOp>>,
+    workers: bool,
+}
+
+impl fmt::Debug for Validate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ops = self
+            .ops
+            .as_ref()
+            .map(|ops| ops.iter().map(|o| o.decl().rust_path()).collect::<Vec<_>>());
+        f.debug_struct("Validate")
+            .field("ops", &ops)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
+impl Validate {
+    /// Every op declared with `#[py_op]` in the program, as [`validate`] checks them.
+    pub fn all() -> Self {
+        Self {
+            ops: None,
+            workers: false,
+        }
+    }
+
+    /// These ops only (`name::op()` is a declared op's handle), and the Python set-up.
+    pub fn ops(ops: impl IntoIterator<Item = &'static StaticOp>) -> Self {
+        Self {
+            ops: Some(ops.into_iter().collect()),
+            workers: false,
+        }
+    }
+
+    /// Also starts a worker for each op that runs in workers and has it load the op's body and
+    /// gradient there (in the environment workers use, which may lack what the program has).
+    /// The workers of different ops start side by side, while the program imports the other
+    /// sources; the ones started stay in their pools for the first calls. Costs about one
+    /// worker start (tens of milliseconds, more with heavy imports) where the ops are checked
+    /// in the program already.
+    pub fn start_workers(mut self) -> Self {
+        self.workers = true;
+        self
+    }
+
+    /// Checks, and returns the report whatever it found.
+    pub fn report(self) -> Result<ValidationReport> {
+        let ops = match self.ops {
+            Some(ops) => ops,
+            None => registered_ops(),
+        };
+        report(&ops, self.workers)
+    }
+
+    /// Checks: `Ok` if nothing is wrong, else an error of kind [`ErrorKind::Validation`] listing
+    /// every problem.
+    pub fn check(self) -> Result<ValidationReport> {
+        self.report()?.check()
+    }
+}
+
+fn report(ops: &[&'static StaticOp], workers: bool) -> Result<ValidationReport> {
+    let checked = with_gil(NO_OP, |py| {
         let mut report = ValidationReport::default();
         // One entry per problem: what it is about, for grouping.
         let mut causes: Vec<String> = Vec::new();
@@ -152,7 +259,6 @@ pub fn validation_report() -> Result<ValidationReport> {
         {
             report.add(&mut causes, format!("set-up {i}"), None, p.clone());
         }
-        let ops = registered_ops();
         let numpy_ops: Vec<&OpDecl> = ops
             .iter()
             .map(|op| op.decl())
@@ -187,22 +293,66 @@ pub fn validation_report() -> Result<ValidationReport> {
                 numpy_cause = Some(cause);
             }
         }
-        for op in &ops {
+        let mut in_workers = Vec::new();
+        for op in ops {
             report.checked += 1;
-            check_op(py, op, &mut report, &mut causes, numpy_cause.as_deref());
+            if check_op(py, op, &mut report, &mut causes, numpy_cause.as_deref()) && workers {
+                in_workers.push(*op);
+            }
         }
-        check_pool_sizes(&ops, &mut report, &mut causes);
-        Ok(report)
+        check_pool_sizes(ops, &mut report, &mut causes);
+        Ok((report, causes, numpy_cause, in_workers))
     })
-    .map(|(r, _)| r)
+    .map(|(r, _)| r)?;
+    let (mut report, mut causes, numpy_cause, in_workers) = checked;
+    // Each worker op's start and load, side by side (separate processes: no GIL between them).
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let checks: Vec<_> = in_workers
+            .iter()
+            .map(|op| s.spawn(move || check_in_worker(op)))
+            .collect();
+        checks
+            .into_iter()
+            .map(|c| c.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    for (op, result) in in_workers.iter().zip(results) {
+        let Err(e) = result else { continue };
+        let decl = op.decl();
+        // NumPy missing in a worker, where the program misses it too, is that one problem.
+        let cause = match (&numpy_cause, e.kind()) {
+            (Some(numpy), ErrorKind::PackageUnavailable) => numpy.clone(),
+            _ => format!("op {}", decl.rust_path()),
+        };
+        report.add_once(&mut causes, cause, decl, e.with_op(None).to_string());
+    }
+    Ok(report)
+}
+
+/// An op that runs in workers: one must start with the program's environment and load the body
+/// there (where an import the program has may be missing, or NumPy).
+fn check_in_worker(op: &StaticOp) -> Result<()> {
+    let decl = op.decl();
+    let mut functions = vec![decl.function()];
+    if let Some(GradDecl::Python(g)) = decl.gradient() {
+        functions.push(g);
+    }
+    let built = op.get()?;
+    match &built.inner.workers {
+        Some(w) => built.inner.check_worker(w, &functions),
+        None => Ok(()),
+    }
 }
 
 /// Declarations that name one pool (`pool = "name"`) must give it one size: the first op built
 /// makes it, and the others would silently run with its size.
 fn check_pool_sizes(ops: &[&StaticOp], report: &mut ValidationReport, causes: &mut Vec<String>) {
+    // A pool the checked ops name, with every declared op that shares it.
+    let named: std::collections::BTreeSet<&str> =
+        ops.iter().filter_map(|op| op.decl().pool()).collect();
     let mut pools: std::collections::BTreeMap<&str, Vec<&OpDecl>> = Default::default();
-    for op in ops {
-        if let Some(name) = op.decl().pool() {
+    for op in registered_ops() {
+        if let Some(name) = op.decl().pool().filter(|n| named.contains(n)) {
             pools.entry(name).or_default().push(op.decl());
         }
     }
@@ -251,13 +401,15 @@ fn missing_module(e: &Error) -> Option<String> {
     (traceback.contains("/numpy/") || message.contains("numpy")).then(|| "numpy".to_owned())
 }
 
+/// Checks one op in the program; `true` when it loaded and runs in workers (a worker check of
+/// it can follow).
 fn check_op(
     py: Python<'_>,
     op: &StaticOp,
     report: &mut ValidationReport,
     causes: &mut Vec<String>,
     numpy_cause: Option<&str>,
-) {
+) -> bool {
     let decl = op.decl();
     let here = || Some(OpRef::of(decl));
     let mut own = |report: &mut ValidationReport, message: String| {
@@ -276,16 +428,8 @@ fn check_op(
                 // Ops sharing one source share its load error.
                 (None, _) => format!("source {}", src.describe()),
             };
-            let listed = causes.iter().position(|c| *c == cause).is_some_and(|i| {
-                report.problems[i]
-                    .ops
-                    .iter()
-                    .any(|o| o.name == decl.name() && o.line == decl.line())
-            });
-            if !listed {
-                report.add(causes, cause, here(), message);
-            }
-            return;
+            report.add_once(causes, cause, decl, message);
+            return false;
         }
     };
     let params = decl.params().join(", ");
@@ -329,21 +473,7 @@ fn check_op(
             },
         }
     }
-    // An op that runs in workers: one must start with the program's environment and load the
-    // body there (where an import the program has may be missing, or NumPy).
-    if decl.workers().is_some() {
-        let mut functions = vec![decl.function()];
-        if let Some(GradDecl::Python(g)) = decl.gradient() {
-            functions.push(g);
-        }
-        let checked = op.get().and_then(|built| match &built.inner.workers {
-            Some(w) => built.inner.check_worker(w, &functions),
-            None => Ok(()),
-        });
-        if let Err(e) = checked {
-            own(report, e.with_op(None).to_string());
-        }
-    }
+    decl.workers().is_some()
 }
 
 /// Whether `f` accepts `n` positional arguments: `Ok(false)` when it has no signature to check.
