@@ -437,6 +437,34 @@ fn one_package_walk_rule_at_compile_and_run_time() {
     );
 }
 
+/// A syntax error in a package's helper module (which the build-time check does not compile)
+/// is a `Source` error at load whose traceback starts at the package's own import of it: not in
+/// `importlib`, which pyop calls to load the package.
+#[test]
+fn a_helper_modules_syntax_error_shows_no_import_machinery() {
+    let dir = std::env::temp_dir().join(format!("pyop-devx-helper-{}", std::process::id()));
+    let pkg = dir.join("broken_helper");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(pkg.join("__init__.py"), "from .helpers import twice\n").unwrap();
+    std::fs::write(pkg.join("helpers.py"), "def twice(x):\n    return (x * 2\n").unwrap();
+    let err = PyOp::builder("twice")
+        .package(&pkg, "broken_helper")
+        .unwrap()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(err.kind(), ErrorKind::Source);
+    let tb = err.traceback().unwrap();
+    assert!(!tb.contains("importlib"), "{tb}");
+    assert!(
+        tb.starts_with("Traceback (most recent call last):\n  File \"")
+            && tb.contains("__init__.py\", line 1, in <module>\n    from .helpers import twice"),
+        "{tb}"
+    );
+    assert!(tb.contains("helpers.py\", line 2"), "{tb}");
+}
+
 /// Test bodies that check with Python `assert` rely on asserts running: PYTHONOPTIMIZE would
 /// strip them silently (scripts/dev.sh unsets it; this fails if it is set anyway).
 #[test]

@@ -108,6 +108,39 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// The dtype probably meant by an unknown name: NumPy's and torch's names for candle's dtypes
+/// (`float32`, `double`, `long`), or one edit away from a dtype (`f23` is not, `f3` is).
+fn near_dtype(name: &str) -> Option<&'static str> {
+    const ALIASES: &[(&str, &str)] = &[
+        ("float32", "f32"),
+        ("float", "f32"),
+        ("float64", "f64"),
+        ("double", "f64"),
+        ("float16", "f16"),
+        ("half", "f16"),
+        ("bfloat16", "bf16"),
+        ("int64", "i64"),
+        ("long", "i64"),
+        ("int32", "i32"),
+        ("int", "i32"),
+        ("int16", "i16"),
+        ("short", "i16"),
+        ("uint8", "u8"),
+        ("uint32", "u32"),
+        ("float8_e4m3fn", "f8e4m3"),
+    ];
+    let lower = name.to_ascii_lowercase();
+    if let Some(&(_, d)) = ALIASES.iter().find(|(a, _)| *a == lower) {
+        return Some(d);
+    }
+    DTYPES
+        .iter()
+        .map(|d| (edit_distance(&lower, d.0), d.0))
+        .min()
+        .filter(|(distance, _)| *distance <= 1)
+        .map(|(_, d)| d)
+}
+
 /// The dtypes `tout` accepts: the name written, candle's variant, whether NumPy has it, and
 /// whether DLPack carries it.
 pub const DTYPES: &[(&str, &str, bool, bool)] = &[
@@ -514,11 +547,15 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         let name = dtype.to_string();
         let Some(&(_, variant, numpy_ok, dlpack_ok)) = DTYPES.iter().find(|d| d.0 == name) else {
             let names: Vec<&str> = DTYPES.iter().map(|d| d.0).collect();
+            let meant = match near_dtype(&name) {
+                Some(d) => format!("did you mean `{d}`? "),
+                None => String::new(),
+            };
             cx.error_spanned_by(
                 dtype,
                 format!(
-                    "unknown dtype `{name}`; expected one of {}, or `x.dtype` for a tensor \
-                     parameter `x`'s",
+                    "unknown dtype `{name}`; {meant}expected one of {}, or `x.dtype` for a \
+                     tensor parameter `x`'s",
                     names.join(", ")
                 ),
             );
@@ -698,7 +735,14 @@ mod parse_tests {
         assert!(err
             .unwrap_err()
             .to_string()
-            .starts_with("unknown dtype `float32`"));
+            .starts_with("unknown dtype `float32`; did you mean `f32`? expected one of u8"));
+        for (written, meant) in [("double", "f64"), ("long", "i64"), ("F64", "f64")] {
+            assert_eq!(near_dtype(written), Some(meant), "{written}");
+        }
+        assert_eq!(near_dtype("f3"), Some("f32"));
+        assert_eq!(near_dtype("i63"), Some("i64"));
+        assert_eq!(near_dtype("complex64"), None);
+        assert_eq!(near_dtype("x"), None);
         let (_, err) = tout(quote!(f32[2.5]));
         assert!(err.unwrap_err().to_string().starts_with("malformed shape"));
         let (_, err) = tout(quote!(bf16));

@@ -557,9 +557,17 @@ fn environment_problem(
         ));
     }
     let exe = running.command();
+    // The venv may be another project's: recreating it is one fix, choosing another the other.
+    let elsewhere = match source {
+        EnvSource::VirtualEnv => "leave it (`deactivate`, or unset VIRTUAL_ENV) or point \
+                                  PYOP_PYTHON_ENV at a venv made by it"
+            .to_owned(),
+        _ => format!("point PYOP_PYTHON_ENV at a venv made by it (`{exe} -m venv <folder>`)"),
+    };
     let recreate = format!(
         "recreate it with the embedded interpreter, `{exe} -m venv --clear {}`, then reinstall \
-         its packages, e.g. `{} -m pip install numpy`",
+         its packages, e.g. `{} -m pip install numpy`; or, if it belongs to another project, \
+         {elsewhere}",
         root.display(),
         venv_python(root).display()
     );
@@ -685,6 +693,23 @@ mod tests {
             environment_problem(&dir, EnvSource::DotVenv, &interp("3.12.1", None), false).unwrap();
         assert!(p.contains("was made by Python 3.11.7"), "{p}");
         assert!(p.contains("python3.12 -m venv --clear"), "{p}");
+        assert!(
+            p.ends_with(
+                "or, if it belongs to another project, point PYOP_PYTHON_ENV at a venv made by \
+                 it (`python3.12 -m venv <folder>`)"
+            ),
+            "{p}"
+        );
+        // An activated venv can also be left.
+        let p = environment_problem(&dir, EnvSource::VirtualEnv, &interp("3.12.1", None), false)
+            .unwrap();
+        assert!(
+            p.ends_with(
+                "or, if it belongs to another project, leave it (`deactivate`, or unset \
+                 VIRTUAL_ENV) or point PYOP_PYTHON_ENV at a venv made by it"
+            ),
+            "{p}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -97,7 +97,11 @@ fn format_traceback(py: Python<'_>, tb: &Bound<'_, pyo3::types::PyTraceback>) ->
         for frame in frames.try_iter()? {
             let frame = frame?;
             let file: String = frame.getattr("filename")?.extract()?;
-            if file != PYOP_FRAMES && !file.starts_with("<frozen importlib") {
+            // pyop loads a package by `importlib.import_module`: its frame, before any of the
+            // user's, is pyop's machinery (one a body's own call makes comes after its frames).
+            let loader =
+                kept.is_empty() && std::path::Path::new(&file).ends_with("importlib/__init__.py");
+            if file != PYOP_FRAMES && !file.starts_with("<frozen importlib") && !loader {
                 kept.append(frame)?;
             }
         }

@@ -15,8 +15,8 @@ use crate::op::{builder::OpBuilder, CallOptions, PyOp};
 use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
-/// An op as `#[py_op]` declared it: read it with the accessors; [`registered_ops`](crate::registered_ops) lists them
-/// all.
+/// An op as `#[py_op]` declared it, read with the accessors: [`StaticOp::decl`] gives it
+/// (`name::op().decl()`, or for every op [`registered_ops`](crate::registered_ops)).
 #[derive(Debug)]
 pub struct OpDecl(OpDeclParts);
 

@@ -576,6 +576,10 @@ def _exception_info(e, phase):
     try:
         frames = [f for f in traceback.extract_tb(e.__traceback__)
                   if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
+        # The worker loads a package by `importlib.import_module`: its frame, before any of the
+        # user's, is the worker's machinery (as in the program).
+        while frames and frames[0].filename.replace("\\", "/").endswith("importlib/__init__.py"):
+            del frames[0]
         tb = "".join(traceback.format_list(frames))
     except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted
         tb = ""
