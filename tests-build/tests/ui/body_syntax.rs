@@ -1,10 +1,12 @@
 use pyop::{py_op, Tensor};
 
-// A syntax error in inline code is a compile error on the literal, with the `.rs` line.
+// A syntax error in inline code is a compile error on the literal, with the `.rs` line. (The
+// errors here are ones every Python pyop supports words alike, "invalid syntax": what these
+// expectations pin is pyop's part of the message.)
 #[py_op(code = r#"
 def f(x):
     y = x * 2
-    return (y +
+    return y $ 2
 "#, tout = f32)]
 fn f(x: &Tensor) -> pyop::Result<Tensor>;
 
