@@ -30,6 +30,13 @@ if ! { [ -x .venv/bin/python ] \
   .venv/bin/python -m pip install --disable-pip-version-check --quiet 'numpy>=1.22,<3'
 fi
 
+# The NumPy wheel of the venv, kept for tests/user_crate.rs: the README's crate installs it from
+# here (no network inside `cargo test`).
+if ! ls target/wheels/numpy-*-cp"${version/./}"-*.whl >/dev/null 2>&1; then
+  .venv/bin/python -m pip download --disable-pip-version-check --quiet --only-binary=:all: \
+    --no-deps -d target/wheels "numpy==$(.venv/bin/python -c 'import numpy; print(numpy.__version__)')"
+fi
+
 # pyo3 links the interpreter that made the venv; the venv's packages are found through
 # VIRTUAL_ENV (an embedded interpreter does not honour it by itself: pyop adds its site-packages).
 PYO3_PYTHON=$("$python" -c 'import sys; print(sys.executable)')

@@ -52,7 +52,9 @@ echo "gpu-kit: Python $pyver ($python), CUDA: $([ "$cuda" = 1 ] && echo yes || e
 
 # --- the CUDA toolkit and the link stubs ------------------------------------------------------
 features=()
-target_dir=target/gpu-kit-cpu
+# Without CUDA the kit is the workspace's own release build (the one `dev.sh test`'s release
+# hardening run makes): its dependencies are built once, not in a tree of their own.
+target_dir=${CARGO_TARGET_DIR:-target}
 rustflags=${RUSTFLAGS:-}
 if [ "$cuda" = 1 ]; then
   features=(--features cuda)

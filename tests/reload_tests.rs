@@ -136,8 +136,11 @@ fn pkg_body(x: &Tensor) -> pyop::Result<Tensor>;
 
 const BODY_PY: &str = include_str!("py/reload/body.py");
 
+/// The child's copy of a fixture: the declared ops read their sources from a copy of the
+/// fixtures the parent made (`RELOAD_ROOT`), so the tracked files are never edited, even by a
+/// run that is killed halfway.
 fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    Path::new(&std::env::var("RELOAD_ROOT").expect("set by the parent test")).join(rel)
 }
 
 /// Values of a declared op and of its gradient at x = [1, 2].
@@ -163,6 +166,7 @@ fn plain(op: fn(&Tensor) -> pyop::Result<Tensor>) -> Vec<f64> {
 #[ignore = "a child process of declared_ops_reload_with_pyop_hot_reload, which sets its environment"]
 fn hot_reload_child() {
     let reload = std::env::var("EXPECT_RELOAD").expect("run by the parent test") == "1";
+    pyop::__private::relocate_sources(env!("CARGO_MANIFEST_DIR"), fixture(""));
     assert_eq!(value_and_grad(reloaded), (vec![2., 4.], vec![2., 2.]));
     assert_eq!(plain(sibling), [2., 2.]);
     assert_eq!(plain(pkg_body), [-1., -1.]);
@@ -204,12 +208,24 @@ fn hot_reload_child() {
 
 #[test]
 fn declared_ops_reload_with_pyop_hot_reload() {
-    let restore = || {
-        std::fs::write(fixture("tests/py/reload/body.py"), BODY_PY).unwrap();
-        let _ = std::fs::remove_file(fixture("tests/py/reloadpkg/extra.py"));
+    let tmp = common::TempDir::new("reload-declared");
+    let copy = |rel: &str| {
+        let (from, to) = (
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(rel),
+            tmp.path().join(rel),
+        );
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap();
+            if f.file_type().unwrap().is_file() {
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        }
     };
     for (var, expect) in [(Some("1"), "1"), (Some("0"), "0"), (None, "0")] {
-        restore();
+        let _ = std::fs::remove_dir_all(tmp.path().join("tests"));
+        copy("tests/py/reload");
+        copy("tests/py/reloadpkg");
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--ignored",
@@ -219,12 +235,12 @@ fn declared_ops_reload_with_pyop_hot_reload() {
             "--test-threads=1",
         ])
         .env("EXPECT_RELOAD", expect)
+        .env("RELOAD_ROOT", tmp.path())
         .env_remove("PYOP_HOT_RELOAD");
         if let Some(v) = var {
             cmd.env("PYOP_HOT_RELOAD", v);
         }
         let out = cmd.output().unwrap();
-        restore();
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -6,8 +6,12 @@
 //!
 //! It runs twice: with the default `python3`, and with a second Python 3 of another X.Y built as
 //! a shared library (pinned with `PYO3_PYTHON`, as the README says), where the machine has one.
-//! Each build has a target folder of its own under `target/user-crate/`, so neither undoes the
-//! workspace's build of pyo3 for another interpreter.
+//! Both build in the workspace's target folder with the profile the guide recommends (the
+//! workspace's own: line tables only, no debug info for dependencies), so the dependencies the
+//! workspace built are reused; the second Python rebuilds the pyo3 family and pyop, and the
+//! default one runs last, leaving them as the workspace built them. Step 4's `pip install numpy`
+//! installs the wheel `scripts/dev.sh` keeps in `target/wheels` where it fits the Python (no
+//! network inside `cargo test`), else from PyPI.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -152,22 +156,31 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     std::fs::copy(repo().join("Cargo.lock"), app.join("Cargo.lock")).unwrap();
 
     // Step 4, as written, with `PYO3_PYTHON` set as step 1 says for a pinned interpreter.
+    let wheels = local_wheels(version);
     for line in blocks["setup"].lines().filter(|l| !l.trim().is_empty()) {
         let mut cmd = clean(Command::new("sh"));
         cmd.args(["-c", line]).current_dir(&app);
         if let Some(exe) = exe {
             cmd.env("PYO3_PYTHON", exe);
         }
+        if let Some(dir) = &wheels {
+            cmd.env("PIP_NO_INDEX", "1").env("PIP_FIND_LINKS", dir);
+        }
         run(&format!("[{tag}] {line}"), cmd);
     }
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let target = repo().join("target").join("user-crate").join(tag);
+    let target = workspace_target();
     let cargo_cmd = |args: &[&str]| {
         let mut cmd = clean(Command::new(&cargo));
         cmd.args(args)
+            .args(PROFILE)
             .current_dir(&app)
             .env("CARGO_TARGET_DIR", &target);
+        // CI builds without incremental caches; the same setting keeps pyop's own artifacts.
+        if let Some(v) = std::env::var_os("CARGO_INCREMENTAL") {
+            cmd.env("CARGO_INCREMENTAL", v);
+        }
         if let Some(exe) = exe {
             cmd.env("PYO3_PYTHON", exe);
         }
@@ -232,11 +245,44 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
         );
     }
     println!("test user_crate_{tag} (Python {version}) ... ok");
-    // A clean clone (CI) builds each crate once: its gigabyte of build output is not kept for a
-    // next run, where disk is short.
-    if std::env::var_os("CI").is_some() {
-        let _ = std::fs::remove_dir_all(&target);
+}
+
+/// The profile the guide recommends to users, which is this workspace's own: with it the
+/// crate's dependencies are the workspace's artifacts, not a second build.
+const PROFILE: [&str; 4] = [
+    "--config",
+    "profile.dev.debug=\"line-tables-only\"",
+    "--config",
+    "profile.dev.package.\"*\".debug=false",
+];
+
+/// The target folder this test was built in (`target/debug/deps/user_crate-…`).
+fn workspace_target() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors()
+        .nth(3)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// `target/wheels` (filled by `scripts/dev.sh`) when it holds a NumPy wheel for Python
+/// `version`: step 4 installs from it instead of PyPI.
+fn local_wheels(version: &str) -> Option<PathBuf> {
+    let dir = workspace_target().join("wheels");
+    let tag = format!("-cp{}-", major_minor(version).replace('.', ""));
+    let found = std::fs::read_dir(&dir).ok()?.any(|e| {
+        e.ok().is_some_and(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("numpy-") && name.contains(&tag) && name.ends_with(".whl")
+        })
+    });
+    if !found {
+        println!(
+            "note: no NumPy wheel for Python {version} in {}: step 4 installs from PyPI",
+            dir.display()
+        );
     }
+    found.then_some(dir)
 }
 
 /// A body in a `file` is checked when the crate builds, and editing it rebuilds and re-checks:
@@ -325,7 +371,8 @@ fn main() {
 
     let default = shared_python(Path::new("python3"))
         .expect("the default python3 is built as a shared library (scripts/dev.sh checks it)");
-    user_crate("default", None, &default, &work);
+    // The other Python first: the default one then leaves the shared target folder's pyo3 as
+    // the workspace built it.
     match second_python(&default) {
         Some((exe, version)) => {
             let tag = format!("py{}", major_minor(&version));
@@ -336,5 +383,6 @@ fn main() {
              {default} built as a shared library (pyenv's, or python3.X on PATH) on this machine"
         ),
     }
+    user_crate("default", None, &default, &work);
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -199,7 +199,7 @@ impl OpDecl {
                 first_line: 1,
             },
             SourceDecl::File { abs, text, .. } => Source::File {
-                path: Cow::Borrowed(abs),
+                path: relocated(abs),
                 text: Cow::Borrowed(text),
             },
             SourceDecl::Module(m) => Source::Module(Cow::Borrowed(m)),
@@ -210,7 +210,7 @@ impl OpDecl {
                 files,
                 ..
             } => Source::Package {
-                root: Cow::Borrowed(abs),
+                root: relocated(abs),
                 name: Cow::Borrowed(name),
                 module: Cow::Borrowed(module),
                 files: files
@@ -245,6 +245,31 @@ impl OpDecl {
             b = b.timeout(std::time::Duration::from_millis(ms));
         }
         b.build_in(true).map_err(|e| self.annotate(e))
+    }
+}
+
+/// Where declared sources are read at run time (hot reload) instead of where they were built:
+/// `(build-time folder, run-time folder)`.
+static RELOCATED: std::sync::RwLock<Option<(String, std::path::PathBuf)>> =
+    std::sync::RwLock::new(None);
+
+/// Declared `file` and `package` sources under `built` are read from under `run` instead, for
+/// ops built from now on (a test edits copies of its fixtures rather than tracked files); not a
+/// public API.
+#[doc(hidden)]
+pub fn relocate_sources(built: &str, run: impl Into<std::path::PathBuf>) {
+    *RELOCATED.write().unwrap_or_else(|e| e.into_inner()) = Some((built.to_owned(), run.into()));
+}
+
+/// `abs`, or where [`relocate_sources`] moved it.
+fn relocated(abs: &'static str) -> Cow<'static, str> {
+    let moved = RELOCATED.read().unwrap_or_else(|e| e.into_inner());
+    match moved.as_ref().and_then(|(built, run)| {
+        let rest = abs.strip_prefix(built.as_str())?.trim_start_matches('/');
+        Some(run.join(rest).to_string_lossy().into_owned())
+    }) {
+        Some(path) => Cow::Owned(path),
+        None => Cow::Borrowed(abs),
     }
 }
 
