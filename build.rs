@@ -18,4 +18,23 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     println!("cargo:rerun-if-env-changed=PYO3_CONFIG_FILE");
     println!("cargo:rerun-if-changed=build.rs");
+    // Working on pyop itself (built in its own target folder, not as another crate's
+    // dependency): its tests need the venv `scripts/dev.sh` makes. Without it they fail on
+    // NumPy; say why first.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+    let out = std::env::var_os("OUT_DIR").map(std::path::PathBuf::from);
+    if let (Some(manifest), Some(out)) = (manifest, out) {
+        if !out.starts_with(manifest.join("target")) {
+            return;
+        }
+        if !std::path::Path::new(".venv/pyvenv.cfg").exists() {
+            // Until it exists (a missing path makes cargo run this again on every build).
+            println!("cargo:rerun-if-changed=.venv/pyvenv.cfg");
+            println!(
+                "cargo:warning=pyop's tests and examples need the venv with NumPy that \
+                 `scripts/dev.sh` makes: run `scripts/dev.sh test` (or `scripts/dev.sh true` once, \
+                 then `cargo test --workspace`)"
+            );
+        }
+    }
 }

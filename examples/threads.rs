@@ -10,7 +10,8 @@
 //! checked   16000    1000      810.6       1052.9             57%
 //! ```
 //!
-//! Set `PYOP_TRACE=1` to print the `pyop.call` tracing span of every call (op, mode, device).
+//! Set `PYOP_TRACE=1` to print the `pyop.call` tracing span of every call (op, mode, device), and
+//! `PYOP_EXAMPLE_CALLS=N` for N calls per thread instead of 2000.
 
 use std::time::Instant;
 
@@ -38,7 +39,12 @@ fn main() -> pyop::Result<()> {
             .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .init();
     }
-    let (threads, calls) = (8, 2000);
+    // PYOP_EXAMPLE_CALLS: fewer calls per thread (the example's test runs it short).
+    let calls = std::env::var("PYOP_EXAMPLE_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let threads = 8;
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {

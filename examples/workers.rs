@@ -102,7 +102,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> pyop::Result<()> {
-    let (threads, calls) = (4, 50);
+    // PYOP_EXAMPLE_CALLS: fewer calls per thread (the example's test runs it short).
+    let calls = std::env::var("PYOP_EXAMPLE_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let threads = 4;
     println!("{threads} threads x {calls} calls, {ROWS} rows each");
     let in_process = throughput(threads, calls, tokenize_in_process)?;
     let s: OpStats = pyop::op_stats("tokenize_in_process").expect("called");

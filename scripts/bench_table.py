@@ -1,4 +1,5 @@
 """Turns `cargo bench --bench summary` and peers.py output into the README's markdown table."""
+
 import re
 import sys
 
@@ -15,23 +16,38 @@ for line in open(sys.argv[2]):
         size, body, system, us = int(m.group(1)), m.group(2), m.group(3).strip(), float(m.group(4))
         peers[(size, body, system)] = us
 
-systems = ["tf.numpy_function in tf.function", "tf.py_function in tf.function", "tf.py_function eager",
-           "jax.pure_callback in jit"]
-sizes = sorted({k[0] for k in peers} | {int(k.rsplit("_", 1)[1]) for k in pyop if k.rsplit("_", 1)[-1].isdigit()})
+systems = [
+    "tf.numpy_function in tf.function",
+    "tf.py_function in tf.function",
+    "tf.py_function eager",
+    "jax.pure_callback in jit",
+]
+sizes = sorted(
+    {k[0] for k in peers}
+    | {int(k.rsplit("_", 1)[1]) for k in pyop if k.rsplit("_", 1)[-1].isdigit()}
+)
 
 
 def fmt(us):
     return f"{us:,.2f} µs" if us < 1000 else f"{us / 1000:,.2f} ms"
 
 
-print("| size (f32) | body | pyop numpy | pyop tensor | plain Python / candle | " + " | ".join(systems) + " |")
+print(
+    "| size (f32) | body | pyop numpy | pyop tensor | plain Python / candle | "
+    + " | ".join(systems)
+    + " |"
+)
 print("|---|---|---|---|---|" + "---|" * len(systems))
 for size in sizes:
     for body in ("ident", "plus1"):
         n, t = pyop.get(f"numpy_{body}_{size}"), pyop.get(f"tensor_{body}_{size}")
         if n is None:
             continue
-        plain = pyop.get(f"python_plus1_{size}") if body == "plus1" else peers.get((size, body, "plain python call"))
+        plain = (
+            pyop.get(f"python_plus1_{size}")
+            if body == "plus1"
+            else peers.get((size, body, "plain python call"))
+        )
         cells = []
         for s in systems:
             p = peers.get((size, body, s))
@@ -40,7 +56,9 @@ for size in sizes:
         candle = pyop.get(f"candle_plus1_{size}") if body == "plus1" else None
         if candle is not None:
             plain_s += f" / {fmt(candle)}"
-        print(f"| {size:,} | `{body}` | {fmt(n)} | {fmt(t)} | {plain_s} | " + " | ".join(cells) + " |")
+        print(
+            f"| {size:,} | `{body}` | {fmt(n)} | {fmt(t)} | {plain_s} | " + " | ".join(cells) + " |"
+        )
 print()
 print("Ratios are peer time ÷ pyop numpy-mode time (higher = pyop faster).")
 for k in ("backward_pygrad", "pygrad_body", "threads1_call", "threads2_call"):
@@ -54,10 +72,16 @@ if "threads1_call" in pyop and "threads2_call" in pyop:
 floor = pyop.get("floor_attach_call_1")
 if floor:
     print()
-    print("| called from | floor (bare pyo3) | pyop tensor `ident` | ÷ floor | pyop numpy `ident` | ÷ floor |")
+    print(
+        "| called from | floor (bare pyo3) | pyop tensor `ident` | ÷ floor | pyop numpy `ident` | ÷ floor |"
+    )
     print("|---|---|---|---|---|---|")
-    places = [("main thread", ""), ("spawned thread", "_spawned"), ("rayon pool thread", "_rayon"),
-              ("tokio blocking-pool thread", "_tokio")]
+    places = [
+        ("main thread", ""),
+        ("spawned thread", "_spawned"),
+        ("rayon pool thread", "_rayon"),
+        ("tokio blocking-pool thread", "_tokio"),
+    ]
     worst = {"tensor": 0.0, "numpy": 0.0}
     for label, suffix in places:
         f = pyop.get(f"floor_attach_call_1{suffix}")
@@ -72,18 +96,24 @@ if floor:
         print(f"| {label} | " + " | ".join(cells) + " |")
     print()
     ok = lambda c: "met" if c else "**missed**"
-    print(f"- tensor mode ≤ 2.0× the floor from every thread: worst {worst['tensor']:.1f}× "
-          f"({ok(worst['tensor'] <= 2.0)}); numpy mode ≤ 2.5×: worst {worst['numpy']:.1f}× "
-          f"({ok(worst['numpy'] <= 2.5)})")
+    print(
+        f"- tensor mode ≤ 2.0× the floor from every thread: worst {worst['tensor']:.1f}× "
+        f"({ok(worst['tensor'] <= 2.0)}); numpy mode ≤ 2.5×: worst {worst['numpy']:.1f}× "
+        f"({ok(worst['numpy'] <= 2.5)})"
+    )
     spawned, main = pyop.get("tensor_ident_1_spawned"), pyop.get("tensor_ident_1")
     if spawned and main:
-        print(f"- a spawned thread's call costs {spawned / main:.2f}× the main thread's (tensor mode)")
+        print(
+            f"- a spawned thread's call costs {spawned / main:.2f}× the main thread's (tensor mode)"
+        )
 
 # Outputs at memory speed: the `out` path, a returned array (adopted without a copy), the copy
 # path proper (the body kept a reference) and its slower forms, against the plain NumPy body, a
 # bare copy into the same kind of memory, and TF.
 print()
-print("| size (f32) | plain NumPy `x + 1` | `memcpy` | pyop `out` | pyop, returned | returned + kept (copy) | copy, reversed | copy, unaligned | tf.numpy_function |")
+print(
+    "| size (f32) | plain NumPy `x + 1` | `memcpy` | pyop `out` | pyop, returned | returned + kept (copy) | copy, reversed | copy, unaligned | tf.numpy_function |"
+)
 print("|---|---|---|---|---|---|---|---|---|")
 for size in sizes:
     py_, mc = pyop.get(f"python_plus1_{size}"), pyop.get(f"memcpy_{size}")
@@ -92,8 +122,14 @@ for size in sizes:
         continue
     tf = peers.get((size, "plus1", "tf.numpy_function in tf.function"))
     cells = [fmt(py_), fmt(mc), fmt(out), fmt(cp)]
-    cells += [fmt(pyop[k]) if k in pyop else "—" for k in
-              (f"numpy_plus1kept_{size}", f"numpy_plus1rev_{size}", f"numpy_plus1unaligned_{size}")]
+    cells += [
+        fmt(pyop[k]) if k in pyop else "—"
+        for k in (
+            f"numpy_plus1kept_{size}",
+            f"numpy_plus1rev_{size}",
+            f"numpy_plus1unaligned_{size}",
+        )
+    ]
     cells.append("—" if tf is None else fmt(tf))
     print(f"| {size:,} | " + " | ".join(cells) + " |")
 print()
@@ -104,12 +140,18 @@ for size in sizes:
         continue
     tf = peers.get((size, "plus1", "tf.numpy_function in tf.function"))
     ok = lambda c: "met" if c else "**missed**"
-    print(f"- {size:,}: `out` {out / py_:.2f}× the plain body (target ≤ 1.10: {ok(out <= 1.10 * py_)}); "
-          f"returned {cp / py_:.2f}× (adopted, no copy); copied {fmt(kept)} vs plain + 1.25 × memcpy = "
-          f"{fmt(py_ + 1.25 * mc)} ({ok(kept <= py_ + 1.25 * mc)}; pyop's own work on top of body and copy: "
-          f"{(kept - py_ - mc) / mc * 100:+.0f} % of the copy)"
-          + ("" if tf is None else f"; vs tf.numpy_function {fmt(tf)}: "
-             f"{ok(out < tf and cp < tf)} (`out`, returned), {ok(kept < tf)} (copied)"))
+    print(
+        f"- {size:,}: `out` {out / py_:.2f}× the plain body (target ≤ 1.10: {ok(out <= 1.10 * py_)}); "
+        f"returned {cp / py_:.2f}× (adopted, no copy); copied {fmt(kept)} vs plain + 1.25 × memcpy = "
+        f"{fmt(py_ + 1.25 * mc)} ({ok(kept <= py_ + 1.25 * mc)}; pyop's own work on top of body and copy: "
+        f"{(kept - py_ - mc) / mc * 100:+.0f} % of the copy)"
+        + (
+            ""
+            if tf is None
+            else f"; vs tf.numpy_function {fmt(tf)}: "
+            f"{ok(out < tf and cp < tf)} (`out`, returned), {ok(kept < tf)} (copied)"
+        )
+    )
 
 # Worker processes (numpy mode, `workers = N`): the round trip of a scalar call, the 16 Mi
 # identity against one memcpy, and a ~1 ms Python-bound body from 2 threads, in the program
@@ -121,22 +163,34 @@ tf1 = peers.get((1, "ident", "tf.numpy_function in tf.function"))
 w1, n1 = pyop.get("worker_ident_1"), pyop.get("numpy_ident_1")
 if w1 is not None:
     extra = "" if tf1 is None else f"; tf.numpy_function {fmt(tf1)}"
-    print(f"| scalar `ident` | {fmt(n1)} | {fmt(w1)} | target ≤ 25 µs: {'met' if w1 <= 25 else '**missed**'}{extra} |")
+    print(
+        f"| scalar `ident` | {fmt(n1)} | {fmt(w1)} | target ≤ 25 µs: {'met' if w1 <= 25 else '**missed**'}{extra} |"
+    )
 for size in sizes:
-    w, mc, n = pyop.get(f"worker_ident_{size}"), pyop.get(f"memcpy_{size}"), pyop.get(f"numpy_ident_{size}")
+    w, mc, n = (
+        pyop.get(f"worker_ident_{size}"),
+        pyop.get(f"memcpy_{size}"),
+        pyop.get(f"numpy_ident_{size}"),
+    )
     if w is None or mc is None or size < 1 << 20:
         continue
-    print(f"| `ident`, {size:,} f32 | {fmt(n)} (no copy) | {fmt(w)} | {w / mc:.2f}× one memcpy ({fmt(mc)}), "
-          f"{w / (2 * mc):.2f}× a memcpy of input and output |")
+    print(
+        f"| `ident`, {size:,} f32 | {fmt(n)} (no copy) | {fmt(w)} | {w / mc:.2f}× one memcpy ({fmt(mc)}), "
+        f"{w / (2 * mc):.2f}× a memcpy of input and output |"
+    )
 p1, p2 = pyop.get("pyloop_inprocess_2threads"), pyop.get("pyloop_workers2_2threads")
 if p1 and p2:
-    print(f"| ~1 ms Python loop, 2 threads (time per call, by throughput) | {fmt(p1)} | {fmt(p2)} | "
-          f"{p1 / p2:.2f}× the throughput (target ≥ 1.8×: {'met' if p1 / p2 >= 1.8 else '**missed**'}) |")
+    print(
+        f"| ~1 ms Python loop, 2 threads (time per call, by throughput) | {fmt(p1)} | {fmt(p2)} | "
+        f"{p1 / p2:.2f}× the throughput (target ≥ 1.8×: {'met' if p1 / p2 >= 1.8 else '**missed**'}) |"
+    )
 q1, q2 = pyop.get("pyloop_inprocess_1thread"), pyop.get("pyloop_workers2_1thread")
 if q1 and q2:
     print(f"| the same, 1 thread | {fmt(q1)} | {fmt(q2)} | |")
 if "matmul256_workers2_2threads" in pyop:
-    print(f"| 256×256 f64 `x @ x` (NumPy's BLAS), 2 threads | — | "
-          f"{fmt(pyop['matmul256_workers2_2threads'])} | the cores shared among the workers' BLAS threads |")
+    print(
+        f"| 256×256 f64 `x @ x` (NumPy's BLAS), 2 threads | — | "
+        f"{fmt(pyop['matmul256_workers2_2threads'])} | the cores shared among the workers' BLAS threads |"
+    )
 if "worker_start" in pyop:
     print(f"| starting a worker (interpreter + NumPy) | — | {fmt(pyop['worker_start'])} | |")

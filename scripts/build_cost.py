@@ -10,6 +10,7 @@ target/build-cost/, builds its dependencies once, then times, with the checks on
   - an incremental rebuild after editing one body file.
 Prints one line per measurement and the ratios the README quotes.
 """
+
 import os
 import statistics
 import subprocess
@@ -29,25 +30,40 @@ def generate():
     (CRATE / "Cargo.toml").write_text(
         '[package]\nname = "build-cost"\nversion = "0.0.0"\nedition = "2021"\npublish = false\n\n'
         f'[dependencies]\npyop = {{ path = "{REPO}" }}\n\n'
-        f'[build-dependencies]\npyop-build = {{ path = "{REPO}/build" }}\n\n[workspace]\n')
+        f'[build-dependencies]\npyop-build = {{ path = "{REPO}/build" }}\n\n[workspace]\n'
+    )
     (CRATE / "build.rs").write_text("fn main() {\n    pyop_build::link_libpython();\n}\n")
     lines = ["use pyop::candle::Tensor;", "use pyop::py_op;", ""]
     for i in range(OPS):
         if i % 2 == 0:
             grad = f', grad = "op{i}_grad"' if i % 10 == 0 else ""
-            body = (f"def op{i}(x, k):\n    y = x * k + {i}\n    return y\n"
-                    + (f"\ndef op{i}_grad(inputs, outputs, grads):\n    return grads[0] * inputs[1], None\n"
-                       if i % 10 == 0 else ""))
-            lines += [f'#[py_op(code = r#"\n{body}"#, numpy, tout = f32[x]{grad})]',
-                      f"pub fn op{i}(x: &Tensor, k: f64) -> pyop::Result<Tensor>;", ""]
+            body = f"def op{i}(x, k):\n    y = x * k + {i}\n    return y\n" + (
+                f"\ndef op{i}_grad(inputs, outputs, grads):\n    return grads[0] * inputs[1], None\n"
+                if i % 10 == 0
+                else ""
+            )
+            lines += [
+                f'#[py_op(code = r#"\n{body}"#, numpy, tout = f32[x]{grad})]',
+                f"pub fn op{i}(x: &Tensor, k: f64) -> pyop::Result<Tensor>;",
+                "",
+            ]
         else:
             (CRATE / "ops" / f"op{i}.py").write_text(
-                f"import numpy as np\n\n\ndef op{i}(x, k):\n    return np.tanh(x) * k + {i}\n")
-            lines += [f'#[py_op(file = "ops/op{i}.py", numpy, tout = f32[x])]',
-                      f"pub fn op{i}(x: &Tensor, k: f64) -> pyop::Result<Tensor>;", ""]
-    lines += ["fn main() {", "    pyop::validate().expect(\"valid\");",
-              "    let x = Tensor::new(&[1f32, 2.], &pyop::candle::Device::Cpu).unwrap();",
-              "    println!(\"{:?}\", op1(&x, 2.0).unwrap().to_vec1::<f32>().unwrap());", "}", ""]
+                f"import numpy as np\n\n\ndef op{i}(x, k):\n    return np.tanh(x) * k + {i}\n"
+            )
+            lines += [
+                f'#[py_op(file = "ops/op{i}.py", numpy, tout = f32[x])]',
+                f"pub fn op{i}(x: &Tensor, k: f64) -> pyop::Result<Tensor>;",
+                "",
+            ]
+    lines += [
+        "fn main() {",
+        '    pyop::validate().expect("valid");',
+        "    let x = Tensor::new(&[1f32, 2.], &pyop::candle::Device::Cpu).unwrap();",
+        '    println!("{:?}", op1(&x, 2.0).unwrap().to_vec1::<f32>().unwrap());',
+        "}",
+        "",
+    ]
     (CRATE / "src" / "main.rs").write_text("\n".join(lines))
 
 
@@ -57,8 +73,14 @@ def cargo(*args, checks=True):
     if not checks:
         env["PYOP_BUILD_CHECKS"] = "0"
     t = time.perf_counter()
-    subprocess.run(["cargo", *args], cwd=CRATE, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["cargo", *args],
+        cwd=CRATE,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -70,7 +92,8 @@ def full(checks):
 def incremental(checks, n):
     edit = 100 + n + (REPS if checks else 0)  # a new text every time
     (CRATE / "ops" / "op1.py").write_text(
-        f"import numpy as np\n\n\ndef op1(x, k):\n    return np.tanh(x) * k + {edit}\n")
+        f"import numpy as np\n\n\ndef op1(x, k):\n    return np.tanh(x) * k + {edit}\n"
+    )
     return cargo("build", "--quiet", checks=checks)
 
 
@@ -83,12 +106,13 @@ def main():
         fulls = [full(checks) for _ in range(REPS)]
         incs = [incremental(checks, n) for n in range(REPS)]
         results[checks] = (statistics.median(fulls), statistics.median(incs))
-        print(f"{label:>9}: full build of a crate of {OPS} ops {results[checks][0]:.2f} s, "
-              f"rebuild after editing one body {results[checks][1]:.2f} s (medians of {REPS})",
-              flush=True)
+        print(
+            f"{label:>9}: full build of a crate of {OPS} ops {results[checks][0]:.2f} s, "
+            f"rebuild after editing one body {results[checks][1]:.2f} s (medians of {REPS})",
+            flush=True,
+        )
     (f0, i0), (f1, i1) = results[False], results[True]
-    print(f"full build {f1 / f0:.3f}x ({(f1 / f0 - 1) * 100:+.1f} %), "
-          f"incremental {i1 - i0:+.2f} s")
+    print(f"full build {f1 / f0:.3f}x ({(f1 / f0 - 1) * 100:+.1f} %), incremental {i1 - i0:+.2f} s")
 
 
 if __name__ == "__main__":

@@ -32,15 +32,18 @@ for lib, (bindings, soname) in LIBS.items():
         sys.exit("cuda_stubs: no functions found in %s" % bindings)
     source = os.path.join(out, "lib%s.c" % lib)
     with open(source, "w") as f:
-        f.write("/* Link stub for %s: %d functions from cudarc's bindings; never run. */\n"
-                % (soname, len(names)))
+        f.write(
+            "/* Link stub for %s: %d functions from cudarc's bindings; never run. */\n"
+            % (soname, len(names))
+        )
         for n in names:
             # 100 is CUDA_ERROR_NO_DEVICE; for the libraries' own status codes, any non-zero
             # value is a failure.
             f.write("int %s(void) { return 100; }\n" % n)
     target = os.path.join(out, "lib%s.so" % lib)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", target, "-Wl,-soname," + soname, source],
-                   check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", target, "-Wl,-soname," + soname, source], check=True
+    )
     # The name the loader asks for at run time.
     by_soname = os.path.join(out, soname)
     if os.path.lexists(by_soname):

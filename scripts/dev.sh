@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   scripts/dev.sh example   runs the main example (examples/log_huber.rs)
-#   scripts/dev.sh test      runs every test, the examples, clippy and rustfmt (what CI runs)
+#   scripts/dev.sh test      runs every test, the examples, clippy, rustfmt, ruff and mypy (what
+#                            CI runs), and prints each step's time
+#   scripts/dev.sh test --quick   the edit loop: fmt, ruff, clippy and the in-process tests
 #   scripts/dev.sh mutants [FILE...]   mutation testing of FILEs, or of what this change touches
 # Both first make sure the project-local venv `.venv` exists and has NumPy, and point the build
 # and the embedded interpreter at it; nothing has to be set up by hand.
@@ -49,6 +51,9 @@ case "${1:-}" in
     exec cargo run --example log_huber
     ;;
   test)
+    # `test --quick`: the edit loop (fmt, ruff, clippy, the in-process tests).
+    quick=
+    if [ "${2:-}" = "--quick" ]; then quick=1; fi
     # The suite sets these itself where it needs them.
     unset PYOP_HOT_RELOAD PYOP_PYTHON_ENV PYOP_BREAKPOINT PYOP_TRACE
     # Some test bodies check with Python `assert`, which PYTHONOPTIMIZE would strip
@@ -59,30 +64,69 @@ case "${1:-}" in
     if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
       rustup component add rustfmt clippy
     fi
-    cargo fmt --all -- --check
-    cargo build --examples            # tests/examples_tests.rs runs them
-    cargo test --workspace --all-targets
+    # ruff and mypy (from PyPI) go into .venv once.
+    .venv/bin/python -m ruff --version >/dev/null 2>&1 \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ruff>=0.8,<1'
+    .venv/bin/python -m mypy --version >/dev/null 2>&1 \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
+    # Each step's time, printed at the end (also when a step fails).
+    steps=()
+    started=$SECONDS
+    report() {
+      echo "--- scripts/dev.sh test${quick:+ --quick}: step times"
+      for s in "${steps[@]}"; do echo "$s"; done
+      printf '%-44s %5ds\n' "total" $((SECONDS - started))
+    }
+    trap report EXIT
+    step() {
+      local name=$1 t0=$SECONDS
+      shift
+      "$@"
+      steps+=("$(printf '%-44s %5ds' "$name" $((SECONDS - t0)))")
+    }
+    step "cargo fmt --check" cargo fmt --all -- --check
+    # Every Python file here, the ones embedded in the crates included (ruff.toml).
+    step "ruff check, ruff format --check" \
+      sh -c '.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .'
+    step "clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+    if [ -n "$quick" ]; then
+      # The in-process test files, and every crate's unit tests.
+      inprocess=()
+      for t in numpy_tests tensor_tests grad_tests dlpack_tests devx_tests executor_tests \
+               tracing_tests stub_tests device_tests leak_tests worker_tests reload_tests; do
+        inprocess+=(--test "$t")
+      done
+      step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
+      exit 0
+    fi
+    step "cargo test (every test, example and bench)" cargo test --workspace --all-targets
     # The audit's scenarios again in a release build, where candle's integer arithmetic and
     # shape products would wrap instead of panicking: pyop's checks must hold in both.
-    cargo test --release --test hardening
+    step "release hardening" cargo test --release --test hardening
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
-    RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" cargo test --workspace --doc
-    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-    cargo clippy --workspace --all-targets -- -D warnings
+    step "doc tests" env RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" cargo test --workspace --doc
+    step "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
     # The repository's Python bodies against the `pyop` stub (build/pyop.pyi): a name or an
-    # argument count the module does not have is an error. mypy goes into .venv once.
-    .venv/bin/python -m mypy --version >/dev/null 2>&1 \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
-    for bodies in examples/ops tests/py; do
-      MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
-        --disable-error-code var-annotated --no-error-summary "$bodies"
-    done
+    # argument count the module does not have is an error. Then the modules embedded in the
+    # crates, on their own (the tensor glue runs in the `pyop` module's namespace, whose names
+    # mypy cannot see, so it is left to ruff).
+    mypy_all() {
+      for bodies in examples/ops tests/py; do
+        MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
+          --disable-error-code var-annotated --no-error-summary "$bodies"
+      done
+      .venv/bin/python -m mypy --check-untyped-defs --ignore-missing-imports \
+        --disable-error-code var-annotated --no-error-summary runtime/src/worker/worker.py \
+        runtime/src/body/importer.py runtime/src/bridge/shared/glue.py macros/src/check.py
+    }
+    step "mypy" mypy_all
     # The GPU kit as it is carried to a GPU machine (scripts/gpu-kit.sh), built without CUDA
     # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
-    PYTHON312=$("$python" -c 'import sys; print(sys.executable)') scripts/gpu-kit.sh --cpu --verify
+    step "GPU kit (CPU build, verified)" \
+      env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" scripts/gpu-kit.sh --cpu --verify
     ;;
   mutants)
     # Mutation testing (cargo-mutants, installed once): every mutant of the given files, or with
@@ -118,7 +162,7 @@ case "${1:-}" in
   true)
     ;;  # only the set-up above (used by scripts/bench.sh)
   *)
-    echo "usage: scripts/dev.sh example|test|mutants [FILE...]" >&2
+    echo "usage: scripts/dev.sh example|test [--quick]|mutants [FILE...]" >&2
     exit 2
     ;;
 esac

@@ -22,7 +22,9 @@ NUMPY = "numpy==2.2.6"
 libdir = sysconfig.get_config_var("LIBDIR")
 soname = sysconfig.get_config_var("INSTSONAME")
 if not soname or not os.path.exists(os.path.join(libdir, soname)):
-    sys.exit("pack_python: %s has no shared libpython (build it with --enable-shared)" % sys.executable)
+    sys.exit(
+        "pack_python: %s has no shared libpython (build it with --enable-shared)" % sys.executable
+    )
 
 os.makedirs(os.path.join(dest, "lib"), exist_ok=True)
 os.makedirs(os.path.join(dest, "bin"), exist_ok=True)
@@ -32,13 +34,26 @@ shutil.copy2(os.path.realpath(sys.executable), exe)
 os.symlink("python" + ver, os.path.join(dest, "bin", "python3"))
 
 stdlib = sysconfig.get_paths()["stdlib"]
-SKIP = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
-        "site-packages", "__pycache__", "pydoc_data", "venv"}
+SKIP = {
+    "test",
+    "tests",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "site-packages",
+    "__pycache__",
+    "pydoc_data",
+    "venv",
+}
 
 
 def ignore(directory, names):
     skipped = {n for n in names if n in SKIP or n.startswith("config-")}
-    skipped |= {n for n in names if n.startswith(("_test", "xxlimited", "_tkinter", "_ctypes_test"))}
+    skipped |= {
+        n for n in names if n.startswith(("_test", "xxlimited", "_tkinter", "_ctypes_test"))
+    }
     return skipped
 
 
@@ -47,20 +62,44 @@ shutil.copytree(stdlib, std_dest, ignore=ignore, symlinks=True)
 site = os.path.join(std_dest, "site-packages")
 os.makedirs(site)
 
-have_pip = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+have_pip = (
+    subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+)
 if have_pip:
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           "--target", site, NUMPY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--target",
+        site,
+        NUMPY,
+    ]
 else:
     if not pip_python:
         sys.exit("pack_python: no pip for %s and none given" % sys.executable)
-    cmd = [pip_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           "--target", site, "--only-binary=:all:", "--python-version", ver,
-           "--platform", "manylinux2014_x86_64", NUMPY]
+    cmd = [
+        pip_python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--target",
+        site,
+        "--only-binary=:all:",
+        "--python-version",
+        ver,
+        "--platform",
+        "manylinux2014_x86_64",
+        NUMPY,
+    ]
 subprocess.run(cmd, check=True)
 
 # NumPy's own tests, and byte code (Python writes it again where it may).
-for top, dirs, files in os.walk(dest, topdown=True):
+for top, dirs, _files in os.walk(dest, topdown=True):
     for d in list(dirs):
         if d in ("tests", "__pycache__"):
             shutil.rmtree(os.path.join(top, d))

@@ -335,7 +335,7 @@ fn traceback_names_the_embedded_file_and_shows_its_lines() {
         "{text}"
     );
     assert!(
-        text.contains("tests/py/stats.py\", line 23, in helper_that_fails"),
+        text.contains("tests/py/stats.py\", line 24, in helper_that_fails"),
         "{text}"
     );
     assert!(

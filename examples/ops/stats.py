@@ -1,4 +1,5 @@
 """Bodies for examples/numpy_ops.rs, embedded into the binary at compile time."""
+
 import numpy as np
 
 

@@ -76,7 +76,7 @@ def module_names(tree):
                         dynamic = True
                     other.add((a.asname or a.name).split(".")[0])
             elif isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in getattr(s, "targets", None) or [s.target]:
+                for t in s.targets if isinstance(s, ast.Assign) else [s.target]:
                     bind_target(t)
             elif isinstance(s, (ast.For, ast.AsyncFor)):
                 bind_target(s.target)
@@ -109,7 +109,8 @@ def module_names(tree):
         elif isinstance(n, ast.Name) and n.id in DYNAMIC:
             dynamic = True
         elif isinstance(n, ast.Attribute) and (
-            n.attr == "__dict__" or (n.attr == "modules" and isinstance(n.value, ast.Name) and n.value.id == "sys")
+            n.attr == "__dict__"
+            or (n.attr == "modules" and isinstance(n.value, ast.Name) and n.value.id == "sys")
         ):
             dynamic = True
         else:
@@ -149,7 +150,9 @@ def check_call(fn, names, role):
     pos = getattr(a, "posonlyargs", []) + a.args
     required = len(pos) - len(a.defaults)
     n = len(names)
-    missing_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None and k.arg != "out"]
+    missing_kw = [
+        k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None and k.arg != "out"
+    ]
     if required <= n and (a.vararg or n <= len(pos)) and not missing_kw:
         return None
     # A required positional `out` after the op's arguments: pyop passes it by keyword when it
@@ -168,8 +171,10 @@ def check_call(fn, names, role):
     else:
         why = f"at most {len(pos)} positional argument{'s' if len(pos) != 1 else ''}"
     what = "the gradient" if role == "gradient" else "the body"
-    return (f"{what} `{describe(fn)}` takes {why}, but pyop calls it as `{call}` "
-            f"({n} positional argument{'s' if n != 1 else ''})")
+    return (
+        f"{what} `{describe(fn)}` takes {why}, but pyop calls it as `{call}` "
+        f"({n} positional argument{'s' if n != 1 else ''})"
+    )
 
 
 def handle(filename, source, function, names, role):
@@ -190,8 +195,9 @@ def handle(filename, source, function, names, role):
             return "defer\t" + escape(f"`{function}` is not a plain top-level `def`")
         found = sorted(defs)
         listing = ", ".join(f"`{f}`" for f in found) if found else "no top-level functions"
-        return (f"error\t0\t" + escape(
-            f"{filename} defines no {what} `{function}`; it defines {listing}"))
+        return "error\t0\t" + escape(
+            f"{filename} defines no {what} `{function}`; it defines {listing}"
+        )
     fns = defs[function]
     fn = fns[-1]
     if len(fns) > 1 or function in other or fn.decorator_list or dynamic:

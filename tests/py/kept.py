@@ -1,4 +1,5 @@
 """A body that keeps its writable `out` past the call (tests/numpy_tests.rs)."""
+
 kept = []
 
 

@@ -1,5 +1,6 @@
 """Bodies that write into `out` in each of its forms (tests/numpy_tests.rs): each records the
 address of every buffer it was given, which `out_addresses` hands back to Rust."""
+
 import numpy as np
 
 seen = []

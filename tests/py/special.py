@@ -1,4 +1,5 @@
 """Numpy-mode bodies with registered gradients, for tests/grad_tests.rs."""
+
 import math
 
 import numpy as np
@@ -18,7 +19,7 @@ def erfcx_grad(inputs, outputs, grads):
 
 def four_in_three_out(a, b, n, d):
     # a, d: f64; b: f32; n: i64 (no gradient). Outputs: f64, f32, i64.
-    return a * b.astype(np.float64) + d ** 2, (b * 3).astype(np.float32), n * 2
+    return a * b.astype(np.float64) + d**2, (b * 3).astype(np.float32), n * 2
 
 
 def four_in_three_out_grad(inputs, outputs, grads):

@@ -1,4 +1,5 @@
 """Bodies for tests/numpy_tests.rs, embedded at compile time with `file = ...`."""
+
 import numpy as np
 
 calls = 0

@@ -1,4 +1,5 @@
 """Bodies for tests/executor_tests.rs: events between threads, views kept past a call."""
+
 import queue
 import threading
 

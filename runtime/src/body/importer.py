@@ -18,7 +18,7 @@ class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
             return "__init__.py", True
         if not fullname.startswith(self.name + "."):
             return None
-        rel = fullname[len(self.name) + 1:].replace(".", "/")
+        rel = fullname[len(self.name) + 1 :].replace(".", "/")
         if rel + "/__init__.py" in self.files:
             return rel + "/__init__.py", True
         if rel + ".py" in self.files:
@@ -30,7 +30,10 @@ class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
         if found is None:
             return None
         rel, is_package = found
-        spec = _util.spec_from_loader(fullname, self, origin=self.root + "/" + rel, is_package=is_package)
+        spec = _util.spec_from_loader(
+            fullname, self, origin=self.root + "/" + rel, is_package=is_package
+        )
+        assert spec is not None  # a loader is given: spec_from_loader makes one
         spec.has_location = True
         return spec
 

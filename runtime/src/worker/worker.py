@@ -43,6 +43,7 @@ def _start_guardian(sock_fd):
             except (AttributeError, OSError):  # Python 3.8, Linux before 5.3
                 watched = [4]
             import select
+
             while True:
                 ready = select.select(watched, [], [])[0]
                 if 4 not in ready or not os.read(4, 1):
@@ -58,7 +59,6 @@ _start_guardian(3)
 import json
 import linecache
 import mmap
-import os
 import pickle
 import signal
 import socket
@@ -66,10 +66,11 @@ import sys
 import traceback
 import types
 import weakref
-from select import select as _select
 from os import sched_yield as _sched_yield
+from select import select as _select
 from time import perf_counter as _perf_counter
 from time import thread_time as _thread_time
+from typing import Any
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.
@@ -115,8 +116,14 @@ def _private_copy(m, size, readonly):
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     addr = _address(m)
     saved = bytes(m)
     prot = mmap.PROT_READ | mmap.PROT_WRITE
@@ -277,9 +284,9 @@ def _address(m):
     return _np.frombuffer(m, dtype=_np.uint8, count=1).__array_interface__["data"][0]
 
 
-_arenas = [None, None]
+_arenas: list[Any] = [None, None]
 _modules = {}  # key -> module
-_np = None
+_np: Any = None  # NumPy, once imported
 
 
 def _map_or_exit(which, fds, size):
@@ -303,6 +310,7 @@ def _install_arena(which, fds, size):
 
 # --- loading bodies ---------------------------------------------------------------------------
 
+
 def _cache_lines(filename, text, first_line):
     lines = text.splitlines(keepends=True)
     linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
@@ -319,10 +327,12 @@ def _load(msg):
     try:
         if kind == "module":
             import importlib
+
             module = importlib.import_module(msg["name"])
         elif kind == "package":
             _install_package(msg["name"], msg["root"], msg["files"], True)
             import importlib
+
             module = importlib.import_module(msg["module"])
         else:
             text = msg["text"]
@@ -344,9 +354,14 @@ def _load(msg):
 
 # --- arguments --------------------------------------------------------------------------------
 
+
 def _decode(v, views):
     if type(v) is dict:
-        if set(v) == {"t"} and type(v["t"]) is dict and set(v["t"]) == {"at", "dtype", "shape", "strides"}:
+        if (
+            set(v) == {"t"}
+            and type(v["t"]) is dict
+            and set(v["t"]) == {"at", "dtype", "shape", "strides"}
+        ):
             t = v["t"]
             return views.input(t["at"], t["dtype"], t["shape"], t["strides"])
         if set(v) == {"u"}:
@@ -390,19 +405,35 @@ class _Views:
             self._count(more)
             self.watched += more
         dt = _np.dtype(dtype)
-        return self.rw[off:off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
+        return self.rw[off : off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
         # A weak reference to an array or a mapping is a way back to it too.
-        return any(sys.getrefcount(w[0]) > w[1] or weakref.getweakrefcount(w[0])
-                   for w in self.watched)
+        return any(
+            sys.getrefcount(w[0]) > w[1] or weakref.getweakrefcount(w[0]) for w in self.watched
+        )
 
 
 # --- results ----------------------------------------------------------------------------------
 
 # Values sent as they are.
-_PLAIN = (int, float, bool, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
-          slice, range, type(None))
+_PLAIN = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    list,
+    tuple,
+    dict,
+    set,
+    frozenset,
+    slice,
+    range,
+    type(None),
+)
 
 
 # Subclasses of the number and sequence types the output check reads (an IntEnum, a namedtuple)
@@ -432,12 +463,26 @@ def _as_base(obj, t):
 # program never rebuilds a dtype from a pickled state (which can claim an object dtype's bytes are
 # plain numbers). The program's unpickler accepts these and nothing else.
 _NAMED = {
-    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
-    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
-    ("builtins", "float"), ("builtins", "str"), ("builtins", "bytes"), ("builtins", "bool"),
-    ("_pyop_worker", "standin"), ("_pyop_worker", "array"), ("_pyop_worker", "scalar"),
-    ("_pyop_worker", "object_array"), ("_pyop_worker", "structured"), ("_pyop_worker", "masked"),
+    ("builtins", "complex"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "bytearray"),
+    ("builtins", "slice"),
+    ("builtins", "range"),
+    ("builtins", "tuple"),
+    ("builtins", "list"),
+    ("builtins", "dict"),
+    ("builtins", "int"),
+    ("builtins", "float"),
+    ("builtins", "str"),
+    ("builtins", "bytes"),
+    ("builtins", "bool"),
+    ("_pyop_worker", "standin"),
+    ("_pyop_worker", "array"),
+    ("_pyop_worker", "scalar"),
+    ("_pyop_worker", "object_array"),
+    ("_pyop_worker", "structured"),
+    ("_pyop_worker", "masked"),
 }
 
 
@@ -555,14 +600,18 @@ def _clean(text):
 
 
 # What a body using the program's `pyop` module is told.
-_PYOP_HINT = ("the pyop module (exposed Rust functions, nested ops, pyop.Tensor) lives in the "
-              "program, not in a worker process; run this op in-process (without `workers`) to "
-              "use it")
+_PYOP_HINT = (
+    "the pyop module (exposed Rust functions, nested ops, pyop.Tensor) lives in the "
+    "program, not in a worker process; run this op in-process (without `workers`) to "
+    "use it"
+)
 
 
 def _exception_info(e, phase):
     t = type(e)
-    bases = [c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)]
+    bases = [
+        c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)
+    ]
     try:
         message = str(e)
     except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
@@ -570,12 +619,19 @@ def _exception_info(e, phase):
             message = repr(e)
         except BaseException:  # noqa: BLE001
             message = ""
-    if isinstance(e, ImportError) and getattr(e, "name", None) == "pyop" and _PYOP_HINT not in message:
+    if (
+        isinstance(e, ImportError)
+        and getattr(e, "name", None) == "pyop"
+        and _PYOP_HINT not in message
+    ):
         # `from pyop import Tensor` fails in the import machinery, which words it itself.
         message = message + ": " + _PYOP_HINT
     try:
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")]
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")
+        ]
         # The worker loads a package by `importlib.import_module`: its frame, before any of the
         # user's, is the worker's machinery (as in the program).
         while frames and frames[0].filename.replace("\\", "/").endswith("importlib/__init__.py"):
@@ -586,8 +642,10 @@ def _exception_info(e, phase):
     syntax = None
     if isinstance(e, SyntaxError):
         try:
-            syntax = {"msg": _clean(e.msg),
-                      "location": _clean("".join(traceback.format_exception_only(e)[:-1]))}
+            syntax = {
+                "msg": _clean(e.msg),
+                "location": _clean("".join(traceback.format_exception_only(e)[:-1])),
+            }
         except BaseException:  # noqa: BLE001
             syntax = None
     name = None
@@ -632,7 +690,7 @@ def _call(msg):
             if p[0] == 0 and p[2] > 0:
                 _, off, n = p
                 p.clear()
-                need = _room(n, [], to_copy, inp.view[off:off + n], need)
+                need = _room(n, [], to_copy, inp.view[off : off + n], need)
                 p.extend([1, to_copy[-1][0], n])
     # Where the parent reads each `out` buffer: in place, or its copy in the result arena.
     outs = None
@@ -643,7 +701,7 @@ def _call(msg):
             if n == 0:
                 outs.append([0, 0, 0])
             elif retained:
-                need = _room(n, outs, to_copy, inp.view[o["at"]:o["at"] + n], need)
+                need = _room(n, outs, to_copy, inp.view[o["at"] : o["at"] + n], need)
             else:
                 outs.append([0, o["at"], n])
     res = _arenas[1]
@@ -656,20 +714,38 @@ def _call(msg):
         _send({"s": "mapped"})
         res = _arenas[1]
     for off, raw in to_copy:
-        res.view[off:off + raw.nbytes] = raw
+        res.view[off : off + raw.nbytes] = raw
     del to_copy
     if returned_out:
         _send({"s": "wrote", "outs": outs, "retained": retained})
     elif arr is not None:
-        _send({"s": "array", "place": placed[0], "dtype": arr[0], "shape": arr[1],
-               "retained": retained})
+        _send(
+            {
+                "s": "array",
+                "place": placed[0],
+                "dtype": arr[0],
+                "shape": arr[1],
+                "retained": retained,
+            }
+        )
     elif len(payload) > _MAX_PICKLE:
-        _send({"s": "raised", "retained": retained, "exc": {
-            "type": "OverflowError", "module": "builtins",
-            "bases": ["OverflowError", "ArithmeticError", "Exception", "BaseException"],
-            "message": "the result pickles to %d bytes, more than a reply can carry (4 GiB); "
-                       "return it as an array" % len(payload),
-            "traceback": "", "phase": "result", "syntax": None, "name": None}})
+        _send(
+            {
+                "s": "raised",
+                "retained": retained,
+                "exc": {
+                    "type": "OverflowError",
+                    "module": "builtins",
+                    "bases": ["OverflowError", "ArithmeticError", "Exception", "BaseException"],
+                    "message": "the result pickles to %d bytes, more than a reply can carry (4 GiB); "
+                    "return it as an array" % len(payload),
+                    "traceback": "",
+                    "phase": "result",
+                    "syntax": None,
+                    "name": None,
+                },
+            }
+        )
     else:
         _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
 
@@ -713,7 +789,9 @@ class _PyopStub(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        raise AttributeError("pyop." + name + " is not available: " + _PYOP_HINT, name=name, obj=self)
+        raise AttributeError(
+            "pyop." + name + " is not available: " + _PYOP_HINT, name=name, obj=self
+        )
 
 
 def _main():
@@ -732,10 +810,11 @@ def _main():
     if init["site_packages"]:
         # As the program does: its environment's .pth files (editable installs, import hooks).
         import site
+
         site.addsitedir(init["site_packages"])
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - a replaced stream
             pass
     ns = {}
@@ -760,11 +839,18 @@ def _main():
 # pools at one thread (the program starts it with every THREAD_VARS at 1), so it stays
 # single-threaded; it forks each worker, which sets its own thread counts. It runs no body.
 
+
 def _zygote():
     global _seq, _is_zygote
     _is_zygote = True
-    _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
-           "numpy": _np.__version__})
+    _send(
+        {
+            "s": "ready",
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "numpy": _np.__version__,
+        }
+    )
     while True:
         _seq, msg, fds = _recv_frame()
         op = msg["op"]
@@ -852,6 +938,7 @@ def _blas_threads(env):
             except (KeyError, ValueError):
                 pass
         return None
+
     openblas = count("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
     setters = [
         ("openblas_set_num_threads", openblas),
@@ -885,8 +972,14 @@ def _blas_threads(env):
 
 def _serve():
     global _seq
-    _send({"s": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
-           "numpy": _np.__version__})
+    _send(
+        {
+            "s": "ready",
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "numpy": _np.__version__,
+        }
+    )
     while True:
         try:
             _seq, msg, fds = _recv_frame()
@@ -898,6 +991,7 @@ def _serve():
                 for old in [k for k in _modules if k[0] == msg["base"]]:
                     del _modules[old]
                 import gc
+
                 gc.collect()
             elif op == "call":
                 _call(msg)
@@ -915,5 +1009,5 @@ def _serve():
                 os._exit(70)
 
 
-_install_package = None
+_install_package: Any = None
 _main()

@@ -13,11 +13,15 @@ def _standin_class(qualname, module):
     key = (qualname, module)
     cls = _classes.get(key)
     if cls is None:
-        cls = type(qualname.rpartition(".")[2], (), {
-            "__module__": module,
-            "__qualname__": qualname,
-            "__repr__": lambda self: "<%s.%s from a pyop worker>" % (module, qualname),
-        })
+        cls = type(
+            qualname.rpartition(".")[2],
+            (),
+            {
+                "__module__": module,
+                "__qualname__": qualname,
+                "__repr__": lambda self: "<%s.%s from a pyop worker>" % (module, qualname),
+            },
+        )
         _classes[key] = cls
     return cls
 
@@ -32,10 +36,20 @@ def _standin(qualname, module):
 # and no dtype state is ever unpickled, so nothing a body returns can make the program run code
 # or read plain bytes as objects.
 _ALLOWED = {
-    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
-    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "int"),
-    ("builtins", "float"), ("builtins", "str"), ("builtins", "bytes"), ("builtins", "bool"),
+    ("builtins", "complex"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "bytearray"),
+    ("builtins", "slice"),
+    ("builtins", "range"),
+    ("builtins", "tuple"),
+    ("builtins", "list"),
+    ("builtins", "dict"),
+    ("builtins", "int"),
+    ("builtins", "float"),
+    ("builtins", "str"),
+    ("builtins", "bytes"),
+    ("builtins", "bool"),
 }
 
 
@@ -83,8 +97,12 @@ def _masked(data, mask):
 
 
 _CONSTRUCTORS = {
-    "standin": _standin, "array": _array, "scalar": _scalar, "object_array": _object_array,
-    "structured": _structured, "masked": _masked,
+    "standin": _standin,
+    "array": _array,
+    "scalar": _scalar,
+    "object_array": _object_array,
+    "structured": _structured,
+    "masked": _masked,
 }
 
 
@@ -95,7 +113,8 @@ class _Unpickler(_pickle.Unpickler):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         raise _pickle.UnpicklingError(
-            "a pyop worker sent %s.%s, which is not a value pyop reads" % (module, name))
+            "a pyop worker sent %s.%s, which is not a value pyop reads" % (module, name)
+        )
 
 
 def loads(data, buffers):
@@ -109,7 +128,9 @@ def exception(type_name, module, bases, message, name):
         base = getattr(_builtins, b, None)
         if not (isinstance(base, type) and issubclass(base, BaseException)):
             continue
-        cls = type(type_name, (base,), {"__module__": module, "__str__": lambda self: message})
+        cls: type[BaseException] = type(
+            type_name, (base,), {"__module__": module, "__str__": lambda self: message}
+        )
         try:
             e = cls.__new__(cls)
             BaseException.__init__(e, message)
@@ -118,4 +139,6 @@ def exception(type_name, module, bases, message, name):
         if name is not None and isinstance(e, ImportError):
             e.name = name
         return e
-    return type(type_name, (Exception,), {"__module__": module, "__str__": lambda self: message})(message)
+    return type(type_name, (Exception,), {"__module__": module, "__str__": lambda self: message})(
+        message
+    )
