@@ -783,7 +783,9 @@ fn late_env_child() {
     family(&WorkerPool::new(1));
     let dir = std::env::temp_dir().canonicalize().unwrap();
     std::env::set_current_dir(&dir).unwrap();
-    std::env::set_var("PYOP_TEST_LATE", "late");
+    // SAFETY: this child process runs this one test, and no other thread reads or writes the
+    // environment while it is set (the pool's threads wait on their sockets).
+    unsafe { std::env::set_var("PYOP_TEST_LATE", "late") };
     let op = worker_op(
         &WorkerPool::new(1),
         "late",

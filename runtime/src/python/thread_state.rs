@@ -91,7 +91,7 @@ pub(crate) fn keep() {
 /// Whether the interpreter is initialized and not finalizing.
 fn interpreter_running() -> bool {
     #[cfg(not(Py_3_13))]
-    extern "C" {
+    unsafe extern "C" {
         fn _Py_IsFinalizing() -> std::ffi::c_int;
     }
     // SAFETY: both only read the runtime's state and may be called at any time.
