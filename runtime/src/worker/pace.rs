@@ -154,7 +154,12 @@ fn spinning_allowed() -> bool {
 /// How long before a reply is due a caller wakes: twice the usual lateness of a timed sleep, at
 /// least 30 µs and at most 300 µs.
 fn lead() -> Duration {
-    Duration::from_nanos(LATE_NS.load(Relaxed) * 2)
+    lead_for(LATE_NS.load(Relaxed))
+}
+
+/// [`lead`] for a lateness of `late_ns`.
+fn lead_for(late_ns: u64) -> Duration {
+    Duration::from_nanos(late_ns.saturating_mul(2))
         .clamp(Duration::from_micros(30), Duration::from_micros(300))
 }
 
@@ -162,8 +167,13 @@ fn lead() -> Duration {
 pub(crate) fn slept(meant: Instant, ended: Instant) {
     let late = u64::try_from(ended.saturating_duration_since(meant).as_nanos()).unwrap_or(u64::MAX);
     // Races between callers only blur the average.
-    let old = LATE_NS.load(Relaxed);
-    LATE_NS.store(old - old / 4 + late.min(1_000_000) / 4, Relaxed);
+    LATE_NS.store(averaged(LATE_NS.load(Relaxed), late), Relaxed);
+}
+
+/// The lateness average `old` with a sleep `late` ns late: a moving average over about the last
+/// four, each counted as at most 1 ms (a preempted sleep says nothing of timer slack).
+fn averaged(old: u64, late: u64) -> u64 {
+    old - old / 4 + late.min(1_000_000) / 4
 }
 
 /// Whether more threads are runnable on the machine than it has CPUs (`/proc/loadavg`'s
@@ -176,21 +186,31 @@ fn oversubscribed() -> bool {
         return false;
     }
     NEXT_LOOK.store(now + LOOK_EVERY.as_nanos() as u64, Relaxed);
-    let Some(running) = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| {
-        let field = s.split_whitespace().nth(3)?;
-        field.split('/').next()?.parse::<u64>().ok()
-    }) else {
+    let Some(running) = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| runnable(&s))
+    else {
         return false;
     };
     // SAFETY: sysconf takes and returns plain integers.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
-    // The reading thread counts itself, and a kernel thread may run for a moment: one more than
-    // the CPUs is not yet oversubscribed.
-    if running > cpus + 1 {
+    if more_than_cpus(running, cpus) {
         SPIN_OFF_UNTIL.fetch_max(now.saturating_add(BACK_OFF.as_nanos() as u64), Relaxed);
         return true;
     }
     false
+}
+
+/// The runnable threads `/proc/loadavg` counts (its fourth field, `running/total`).
+fn runnable(loadavg: &str) -> Option<u64> {
+    let field = loadavg.split_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
+}
+
+/// Whether `running` threads oversubscribe `cpus`: the reading thread counts itself, and a
+/// kernel thread may run for a moment, so one more than the CPUs is not yet.
+fn more_than_cpus(running: u64, cpus: u64) -> bool {
+    running > cpus + 1
 }
 
 /// How often `oversubscribed` looks.
@@ -239,5 +259,29 @@ mod tests {
         assert!(p.estimates.iter().all(|(k, _)| *k >= 12));
         assert_eq!(function_key("a", "bc"), function_key("a", "bc"));
         assert_ne!(function_key("a", "bc"), function_key("ab", "c"));
+    }
+
+    #[test]
+    fn callers_wake_twice_the_usual_lateness_early_within_bounds() {
+        let us = Duration::from_micros;
+        assert_eq!(lead_for(40_000), us(80));
+        assert_eq!(lead_for(10_000), us(30));
+        assert_eq!(lead_for(400_000), us(300));
+        assert_eq!(lead_for(u64::MAX), us(300));
+        // The lateness is a moving average over about four sleeps, each at most 1 ms.
+        assert_eq!(averaged(40_000, 80_000), 50_000);
+        assert_eq!(averaged(40_000, 40_000), 40_000);
+        assert_eq!(averaged(40_000, 9_000_000), 280_000);
+        assert_eq!(averaged(0, 0), 0);
+    }
+
+    #[test]
+    fn oversubscribed_means_more_runnable_threads_than_cpus_and_one() {
+        assert_eq!(runnable("0.51 0.42 0.30 3/123 4567\n"), Some(3));
+        assert_eq!(runnable("0.51 0.42 0.30 12/900 1"), Some(12));
+        assert_eq!(runnable("garbage"), None);
+        assert!(!more_than_cpus(3, 2));
+        assert!(more_than_cpus(4, 2));
+        assert!(!more_than_cpus(1, 1));
     }
 }
