@@ -405,9 +405,10 @@ fn switch_interval_child() {
     let outer = PyOp::builder("outer_limit")
         .code(
             "import sys, pyop\ndef outer_limit(x):\n    try:\n        pyop.rust.inner_spin(x)\n        \
-             timed_out = 0\n    except pyop.OpTimeout as e:\n        timed_out = int('time limit' in str(e))\n    \
+             timed_out = shown = 0\n    except pyop.OpTimeout as e:\n        timed_out = int('time limit' in str(e))\n        \
+             shown = int('    while True:' in str(e))\n    \
              n = 0\n    for i in range(200000):\n        n += 1\n    \
-             return pyop.tensor([timed_out, sys.getswitchinterval()], dtype='f64')",
+             return pyop.tensor([timed_out, sys.getswitchinterval(), shown], dtype='f64')",
         )
         .tout([OutSpec::new(DType::F64)])
         .timeout(Duration::from_secs(60))
@@ -417,6 +418,10 @@ fn switch_interval_child() {
         .to_vec1::<f64>()
         .unwrap();
     assert_eq!(got[0], 1.0, "the inner op timed out");
+    // Its traceback is whole, with the inner body's source line: an interrupt raised again for
+    // the outer call, whose limit did not fire, would be absorbed while it is formatted
+    // (mutation testing of `timeout.rs`, `disarm`: `== FIRED` → `!=` cut the line off).
+    assert_eq!(got[2], 1.0, "the inner timeout's traceback shows its source");
     assert!(
         got[1] <= 0.0005,
         "still armed after the inner limit: {}",
