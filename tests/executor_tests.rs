@@ -421,7 +421,10 @@ fn switch_interval_child() {
     // Its traceback is whole, with the inner body's source line: an interrupt raised again for
     // the outer call, whose limit did not fire, would be absorbed while it is formatted
     // (mutation testing of `timeout.rs`, `disarm`: `== FIRED` → `!=` cut the line off).
-    assert_eq!(got[2], 1.0, "the inner timeout's traceback shows its source");
+    assert_eq!(
+        got[2], 1.0,
+        "the inner timeout's traceback shows its source"
+    );
     assert!(
         got[1] <= 0.0005,
         "still armed after the inner limit: {}",

@@ -70,7 +70,7 @@ impl GradCheck {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct GradReport {
-    /// Per input, the largest |analytic − numeric| over the entries ∂y_j[m]/∂x_i[k] of the
+    /// Per input, the largest |analytic − numeric| over the entries `∂y_j[m]/∂x_i[k]` of the
     /// Jacobian (0 for integer inputs).
     pub max_abs_error: Vec<f64>,
 }
@@ -79,7 +79,7 @@ pub struct GradReport {
 /// `gradcheck`.
 ///
 /// `f` gets the inputs as tensors that autograd tracks (`Var`s of each input's dtype) and returns
-/// any number of outputs. Every entry of the Jacobian, ∂y_j[m]/∂x_i[k] for each float output
+/// any number of outputs. Every entry of the Jacobian, `∂y_j[m]/∂x_i[k]` for each float output
 /// element and float input element, is compared: the analytic one from a backward pass per
 /// output element, the numeric one from two calls of `f` per input element (so keep the inputs
 /// small, as for torch's). Any float dtype works: an input narrower than f64 is checked with
@@ -203,7 +203,7 @@ where
     Ok(report)
 }
 
-/// The error for the Jacobian entry ∂y_j[m]/∂x_i[k] whose two values disagree, in gradient
+/// The error for the Jacobian entry `∂y_j[m]/∂x_i[k]` whose two values disagree, in gradient
 /// units, naming the ops whose gradient ran for it (the error's op when there is one).
 fn mismatch(
     (i, k, j, m): (usize, usize, usize, usize),
