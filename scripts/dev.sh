@@ -161,6 +161,12 @@ case "${1:-}" in
     ;;
   true)
     ;;  # only the set-up above (used by scripts/bench.sh)
+  guide)
+    # The guide (docs/) as HTML in docs/book/, with mdBook, installed once. Optional: `test`
+    # checks the guide without it (its code as doctests, its links in tests/docs.rs).
+    command -v mdbook >/dev/null 2>&1 || cargo install --locked mdbook@0.5.4
+    exec mdbook build docs
+    ;;
   *)
     echo "usage: scripts/dev.sh example|test [--quick]|mutants [FILE...]" >&2
     exit 2

@@ -48,13 +48,15 @@
 //!    build-dependency: it gives your binaries an rpath to the libpython they were built against,
 //!    so they start without `LD_LIBRARY_PATH` and never load another libpython of the same name.
 //! 4. **A venv with NumPy made by that same interpreter** in your crate's folder (or a parent):
-//!    `python3 -m venv .venv && .venv/bin/python -m pip install numpy`. The embedded interpreter
-//!    finds it as `PYOP_PYTHON_ENV`, `VIRTUAL_ENV`, the nearest `.venv` of the current directory,
-//!    or the one recorded at build time, in that order ([`python_env`] says which).
+//!    `"$PYO3_PYTHON" -m venv .venv && .venv/bin/python -m pip install numpy`, with the
+//!    interpreter the build uses (the one pinned in `.cargo/config.toml`, if any). The embedded
+//!    interpreter finds it as `PYOP_PYTHON_ENV`, `VIRTUAL_ENV`, the nearest `.venv` of the current
+//!    directory, or the one recorded at build time, in that order ([`python_env`] says which).
 //!
 //! [`validate`] checks all of this at start-up: the interpreter running is the one built
 //! against, the venv was made by the same Python X.Y, NumPy imports; each problem says how to fix
-//! it. The README's "Use pyop in your crate" has the exact commands, tested by CI.
+//! it. The README's "Use pyop in your crate" has the exact commands, tested by CI, and the guide
+//! (`docs/src/`) explains each, with every set-up message and its fix.
 //!
 //! ## Errors
 //!
@@ -106,3 +108,38 @@ pub use pyop_runtime::__private;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's chapters (`docs/src/`), each a module whose Rust code blocks are compiled and run
+/// as doctests, as pyo3 tests its guide. `tests/docs.rs` checks that every chapter is here.
+#[cfg(doctest)]
+pub mod guide {
+    macro_rules! chapters {
+        ($($name:ident => $path:literal,)*) => {
+            $(
+                #[doc = include_str!(concat!("../docs/src/", $path))]
+                pub mod $name {}
+            )*
+        };
+    }
+
+    chapters! {
+        introduction => "introduction.md",
+        getting_started => "getting-started.md",
+        declaring_ops => "declaring-ops.md",
+        modes => "modes.md",
+        outputs => "outputs.md",
+        gradients => "gradients.md",
+        errors => "errors.md",
+        executor => "executor.md",
+        tools => "tools.md",
+        python_environment => "python-environment.md",
+        workers => "workers.md",
+        dlpack_gpu => "dlpack-gpu.md",
+        soundness => "soundness.md",
+        performance => "performance.md",
+        troubleshooting => "troubleshooting.md",
+        limitations => "limitations.md",
+        reference_options => "reference/options.md",
+        reference_api => "reference/api.md",
+    }
+}

@@ -155,19 +155,19 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     // cargo resolves whatever the lock file does not cover).
     std::fs::copy(repo().join("Cargo.lock"), app.join("Cargo.lock")).unwrap();
 
-    // Step 4, as written, with `PYO3_PYTHON` set as step 1 says for a pinned interpreter.
+    // Step 4, as written (one script: its first line sets a variable the next one reads), with
+    // `PYO3_PYTHON` set in the shell for a pinned interpreter, which step 4 honours.
     let wheels = local_wheels(version);
-    for line in blocks["setup"].lines().filter(|l| !l.trim().is_empty()) {
-        let mut cmd = clean(Command::new("sh"));
-        cmd.args(["-c", line]).current_dir(&app);
-        if let Some(exe) = exe {
-            cmd.env("PYO3_PYTHON", exe);
-        }
-        if let Some(dir) = &wheels {
-            cmd.env("PIP_NO_INDEX", "1").env("PIP_FIND_LINKS", dir);
-        }
-        run(&format!("[{tag}] {line}"), cmd);
+    let setup = blocks["setup"].as_str();
+    let mut cmd = clean(Command::new("sh"));
+    cmd.args(["-e", "-c", setup]).current_dir(&app);
+    if let Some(exe) = exe {
+        cmd.env("PYO3_PYTHON", exe);
     }
+    if let Some(dir) = &wheels {
+        cmd.env("PIP_NO_INDEX", "1").env("PIP_FIND_LINKS", dir);
+    }
+    run(&format!("[{tag}] step 4:\n{setup}"), cmd);
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target = workspace_target();

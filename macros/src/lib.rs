@@ -43,39 +43,12 @@ use proc_macro::TokenStream;
 /// # Ok(()) }
 /// ```
 ///
-/// # Options
+/// The options, and the parameter and return types a declaration may use (this part is the
+/// guide's reference chapter, `docs/src/reference/options.md`, written once for both):
 ///
-/// | option | meaning |
-/// |---|---|
-/// | `file = "py/ops.py"` | body source: a file relative to the crate's `Cargo.toml`, embedded at compile time (editing it rebuilds; the binary needs no Python files) |
-/// | `code = "..."` | body source: inline Python (a string literal; raw strings keep tracebacks on the `.rs` file's lines), a `&'static str` constant, or `include_str!("...")` |
-/// | `package = "py/mylib"` | body source: a folder embedded at compile time and imported from memory as package `mylib` (bodies can `from . import helpers`); the body is in `mylib`, or in `module = "mylib.sub"` |
-/// | `module = "pkg.mod"` | body source: a module imported from `sys.path` on first call |
-/// | `name = "f"` | the Python function's name; default: the Rust function's |
-/// | `numpy` | numpy mode; default: tensor mode |
-/// | `dlpack` | numpy mode only: tensor inputs stay on the op's device (CPU or CUDA) as `pyop.Tensor`s, DLPack producers the body takes with `np.from_dlpack` / `cupy.from_dlpack` / `torch.from_dlpack`, instead of NumPy views of host copies; any DLPack producer may be returned (read back device to device), bf16 included |
-/// | `tout = ...` | required: the outputs, `f32`, `(f32, i64)`, `()`; each may carry a shape, `f32[_, 3]` (`_` = any size, `f32[]` = 0-d), or take a tensor parameter's, `f32[x]`; `x.dtype` (with an optional shape) and `like(x)` take a tensor parameter's dtype, and shape |
-/// | `grad = "f_grad"` | a gradient in Python, in the same source: `f_grad(inputs, outputs, grads)` |
-/// | `grad = path::to_fn` | a gradient in Rust: `fn(&pyop::GradientCall) -> pyop::Result<Vec<Option<Tensor>>>` |
-/// | `timeout_ms = 500` | interrupt a pure-Python body that runs longer (`ErrorKind::Timeout`); in a worker, any body (the worker is killed) |
-/// | `workers = 4` | numpy mode only: run the body (and a Python gradient) in a pool of 4 Python worker processes of the op's own (`pyop::WorkerPool`): parallel beyond the GIL, a crash fails only its call (`ErrorKind::WorkerLost`) |
-/// | `pool = "text"` | with `workers`: run in the process-wide pool `text` (`WorkerPool::named`), shared by every op that names it |
-/// | `crate = "my::pyop"` | where the generated code finds pyop, for crates that re-export it |
+#[doc = include_str!("../../docs/src/reference/options.md")]
 ///
-/// One of `file`, `code`, `package` and `module` is required (`module` may also pick a module
-/// inside a `package`).
-///
-/// # Parameters and return type
-///
-/// Parameters are passed to Python positionally in declaration order: `&Tensor`; `f64`, `f32`,
-/// `i64`, `i32`, `u32`, `usize`, `bool`, `&str` (Python `float`, `int`, `bool`, `str`, without
-/// loss); `&[Tensor]` (a list); `&[f64]`, `&[f32]`, `&[i64]`, `&[usize]` (lists); `Option<…>` of any of
-/// these (`None`); and one optional `&Device`, not passed to Python, naming the outputs' device
-/// (default: the inputs' device).
-///
-/// The return type is `Result<Tensor>`, `Result<(Tensor, …)>` (up to 12) or `Result<()>`, with
-/// `pyop::Result`, `candle_core::Result`, `anyhow::Result` or any `Result<_, E>` where
-/// `E: From<pyop::Error>`:
+/// For example, a declaration returning `candle_core::Result`:
 ///
 /// ```
 /// use pyop::{py_op, Tensor};
