@@ -93,7 +93,7 @@ case "${1:-}" in
       # The in-process test files, and every crate's unit tests.
       inprocess=()
       for t in numpy_tests tensor_tests grad_tests dlpack_tests devx_tests executor_tests \
-               tracing_tests stub_tests device_tests leak_tests worker_tests reload_tests; do
+               tracing_tests stub_tests device_tests leak_tests worker_tests reload_tests docs; do
         inprocess+=(--test "$t")
       done
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
