@@ -117,7 +117,7 @@ fn main() -> pyop::Result<()> {
         share * 100.0
     );
     // Both workers start now, side by side, not one by one on the calls that first need them.
-    let op = tokenize_w::op().get()?;
+    let op = pyop::op!(tokenize_w).get()?;
     op.start_workers()?;
     let in_workers = throughput(threads, calls, tokenize_w)?;
     println!(

@@ -70,7 +70,7 @@
 //! What ties pyop to a pyo3 version lives in [`interop`]; everything else is pyo3-free.
 
 #[doc(inline)]
-pub use pyop_macros::py_op;
+pub use pyop_macros::{op, py_op};
 
 #[doc(no_inline)]
 pub use candle_core::Tensor;

@@ -140,11 +140,11 @@ fn every_declared_op_is_registered_by_rust_path() {
     assert!(pyop::registered_op("same_name").is_none());
     // The typed handle of each is that registry entry, without a string.
     assert!(std::ptr::eq(
-        first::same_name::op(),
+        pyop::op!(first::same_name),
         pyop::registered_op("devx_tests::first::same_name").unwrap()
     ));
     assert_eq!(
-        second::same_name::op().decl().rust_path(),
+        pyop::op!(second::same_name).decl().rust_path(),
         "devx_tests::second::same_name"
     );
     assert_eq!(

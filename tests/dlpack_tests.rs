@@ -581,7 +581,7 @@ fn a_declared_dlpack_op() {
         scaled(&x, 2.0).unwrap().to_vec2::<f32>().unwrap(),
         [[2., -4.], [6., 9.]]
     );
-    let op = scaled::op();
+    let op = pyop::op!(scaled);
     assert!(op.decl().dlpack());
 }
 

@@ -299,7 +299,7 @@ fn python_gradients_run_in_workers() {
     let g = grads.get(x.as_tensor()).unwrap();
     assert_eq!(g.to_vec1::<f64>().unwrap(), [3., 12., 0.75]);
     // A forward and a gradient call, both in the worker.
-    let op = cube::op().get().unwrap();
+    let op = pyop::op!(cube).get().unwrap();
     assert_eq!(op.stats().calls, 2);
     assert!(op.stats().worker_time > Duration::ZERO);
 }
@@ -852,12 +852,12 @@ fn validate_starts_workers_only_when_asked() {
     let _s = serial();
     pyop::validate().unwrap();
     // validate() checked the body in the program and started no worker.
-    let op = halve::op().get().unwrap();
+    let op = pyop::op!(halve).get().unwrap();
     let pool = op.pool().expect("declared with workers = 2");
     assert_eq!(pool.size(), 2);
     assert_eq!(pool.stats().started, 0, "{:?}", pool.stats());
     // Asked to, it has a worker load the body (the typed handle names the op).
-    let report = pyop::Validate::ops([halve::op()])
+    let report = pyop::Validate::ops([pyop::op!(halve)])
         .start_workers()
         .check()
         .unwrap();
@@ -926,7 +926,7 @@ fn worker_start_child() {
         println!("validate: {err}");
     } else {
         // No NumPy in the program or its workers: one problem, whichever way an op meets it.
-        let report = pyop::Validate::ops([plain_w::op(), halve::op()])
+        let report = pyop::Validate::ops([pyop::op!(plain_w), pyop::op!(halve)])
             .start_workers()
             .report()
             .unwrap();

@@ -34,8 +34,8 @@ pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// The user's function with a body that never runs, and its handle module, so one mistake does
-/// not cascade into errors at every call site or use of `name::op()`.
+/// The user's function with a body that never runs, and its handle, so one mistake does not
+/// cascade into errors at every call site or use of `pyop::op!(name)`.
 fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
     let sig = &item.sig;
     if sig.receiver().is_some() {
@@ -48,7 +48,7 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
         Some(k) => quote!(#k::__private),
         None => quote!(::pyop::__private),
     };
-    let handle = handle(item, &p, &ident.to_string());
+    let handle = handle_ident(ident);
     let cfgs = cfgs(item);
     quote! {
         #(#attrs)*
@@ -56,12 +56,11 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
         #vis #sig {
             ::core::unreachable!("#[py_op] declaration has errors")
         }
-        #handle
         #(#cfgs)*
-        impl #ident::Op {
-            fn __pyop_op() -> &'static #p::StaticOp {
-                ::core::unreachable!("#[py_op] declaration has errors")
-            }
+        #[doc(hidden)]
+        #[allow(dead_code, unreachable_pub, non_snake_case)]
+        #vis fn #handle() -> &'static #p::StaticOp {
+            ::core::unreachable!("#[py_op] declaration has errors")
         }
     }
 }
@@ -142,82 +141,61 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     };
     let line_span = ident.span();
     let line = quote_spanned!(line_span=> ::core::line!());
-    let handle = handle(item, &p, &name);
+    let handle = handle_ident(ident);
     let cfgs = cfgs(item);
     quote! {
         #(#attrs)*
         #vis #sig {
-            let __pyop_outputs = #ident::op().__call(&[#(#args),*], #device)?;
+            static __PYOP_TOUT: [#p::OutSpec; #n_out] = [#(#tout),*];
+            static __PYOP_DECL: #p::OpDecl = #p::OpDecl::__new(#p::OpDeclParts {
+                name: #name,
+                module_path: ::core::module_path!(),
+                file: ::core::file!(),
+                line: #line,
+                source: #source,
+                function: #function,
+                mode: #mode,
+                tout: &__PYOP_TOUT,
+                grad: #grad,
+                params: &[#(#param_names),*],
+                timeout_ms: #timeout,
+                workers: #workers,
+                pool: #pool,
+                dlpack: #dlpack,
+            });
+            static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
+            #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
+            #p::inventory::submit! {
+                #p::BuildEnv {
+                    manifest_dir: ::core::env!("CARGO_MANIFEST_DIR"),
+                    pyop_python_env: ::core::option_env!("PYOP_PYTHON_ENV"),
+                    virtual_env: ::core::option_env!("VIRTUAL_ENV"),
+                }
+            }
+            let __pyop_outputs = __PYOP_OP.__call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
         }
-        #handle
-        // Outside the module, so that the declaration's paths (a Rust `grad`, a `code` constant)
-        // resolve where the user wrote them, also in a block (pyo3's `#[pyfunction]` does the
-        // same with its `MakeDef`).
+        // The op's handle, which `pyop::op!(name)` calls: a sibling of the function (an
+        // associated function beside it in an `impl`), finding the registry entry the function
+        // submitted by where it is declared. No module or type of the function's name, so
+        // nothing of the user's (or a crate of that name) is shadowed.
         #(#cfgs)*
-        impl #ident::Op {
-            fn __pyop_op() -> &'static #p::StaticOp {
-                static __PYOP_TOUT: [#p::OutSpec; #n_out] = [#(#tout),*];
-                static __PYOP_DECL: #p::OpDecl = #p::OpDecl::__new(#p::OpDeclParts {
-                    name: #name,
-                    module_path: ::core::module_path!(),
-                    file: ::core::file!(),
-                    line: #line,
-                    source: #source,
-                    function: #function,
-                    mode: #mode,
-                    tout: &__PYOP_TOUT,
-                    grad: #grad,
-                    params: &[#(#param_names),*],
-                    timeout_ms: #timeout,
-                    workers: #workers,
-                    pool: #pool,
-                    dlpack: #dlpack,
-                });
-                static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
-                #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
-                #p::inventory::submit! {
-                    #p::BuildEnv {
-                        manifest_dir: ::core::env!("CARGO_MANIFEST_DIR"),
-                        pyop_python_env: ::core::option_env!("PYOP_PYTHON_ENV"),
-                        virtual_env: ::core::option_env!("VIRTUAL_ENV"),
-                    }
-                }
-                &__PYOP_OP
-            }
+        #[doc(hidden)]
+        #[allow(dead_code, unreachable_pub, non_snake_case)]
+        #vis fn #handle() -> &'static #p::StaticOp {
+            static __PYOP_FOUND: ::std::sync::OnceLock<&'static #p::StaticOp> =
+                ::std::sync::OnceLock::new();
+            __PYOP_FOUND.get_or_init(|| {
+                #p::StaticOp::__find(::core::module_path!(), ::core::file!(), #line, #name)
+            })
         }
     }
 }
 
-/// The module of the function's name (modules and functions live in different namespaces, as
-/// with pyo3's `#[pyfunction]`) that holds the typed handle: `name::op()`, the op's
-/// `StaticOp`; `Op::__pyop_op`, written beside it, gives it.
-fn handle(item: &Item, p: &TokenStream, name: &str) -> TokenStream {
-    let vis = &item.vis;
-    let ident = &item.sig.ident;
-    let cfgs = cfgs(item);
-    let mod_doc = format!(
-        " The op behind the `#[py_op]` function `{name}()`: `{name}::op()` is its `StaticOp` \
-         (its declaration, counters, workers and hot-reload state)."
-    );
-    let op_doc = format!(
-        " The op behind `{name}()`, built on first use by `get()` as a call would build it."
-    );
-    quote! {
-        #(#cfgs)*
-        #[doc = #mod_doc]
-        #vis mod #ident {
-            #[doc = #op_doc]
-            #[allow(dead_code, unreachable_pub)]
-            #[inline]
-            pub fn op() -> &'static #p::StaticOp {
-                Op::__pyop_op()
-            }
-            #[doc(hidden)]
-            #[allow(dead_code, unreachable_pub)]
-            pub struct Op(());
-        }
-    }
+/// The name of the function that returns the op of the `#[py_op]` function `ident`, its
+/// handle: `pyop::op!(path::to::name)` is `path::to::__pyop_op_name()`.
+pub fn handle_ident(ident: &syn::Ident) -> syn::Ident {
+    format_ident!("__pyop_op_{}", ident, span = ident.span())
 }
 
 /// The function's `#[cfg]`s, which its generated items share.

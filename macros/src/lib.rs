@@ -82,3 +82,35 @@ use proc_macro::TokenStream;
 pub fn py_op(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::py_op(args.into(), item.into()).into()
 }
+
+/// The op behind a `#[py_op]` function, typed: `pyop::op!(softclip)` is its
+/// [`StaticOp`](https://docs.rs/pyop/latest/pyop/struct.StaticOp.html), checked by the compiler
+/// where `pyop::registered_op("softclip")` could only be `None` at run time.
+///
+/// Name the function by any path that reaches it: `op!(softclip)`, `op!(ops::softclip)`, or in
+/// an `impl`, `op!(Model::softclip)` or `op!(Self::softclip)`. A name that is no `#[py_op]`
+/// function is a compile error (no function `__pyop_op_<name>`).
+///
+/// ```
+/// use pyop::{py_op, Tensor};
+///
+/// #[py_op(code = "def twice(x):\n    return x * 2", tout = f64)]
+/// fn twice(x: &Tensor) -> pyop::Result<Tensor>;
+///
+/// let op: &'static pyop::StaticOp = pyop::op!(twice);
+/// assert_eq!(op.decl().name(), "twice");
+/// assert_eq!(op.stats().calls, 0);
+/// ```
+#[proc_macro]
+pub fn op(input: TokenStream) -> TokenStream {
+    let mut path = syn::parse_macro_input!(input as syn::Path);
+    match path.segments.last_mut() {
+        Some(last) => last.ident = expand::handle_ident(&last.ident),
+        None => {
+            return syn::Error::new_spanned(&path, "name a #[py_op] function")
+                .to_compile_error()
+                .into()
+        }
+    }
+    quote::quote!(#path()).into()
+}

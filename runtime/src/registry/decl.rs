@@ -16,7 +16,7 @@ use crate::spec::{Mode, OutSpec};
 use crate::stats::OpStats;
 
 /// An op as `#[py_op]` declared it, read with the accessors: [`StaticOp::decl`] gives it
-/// (`name::op().decl()`, or for every op [`registered_ops`](crate::registered_ops)).
+/// (`pyop::op!(name).decl()`, or for every op [`registered_ops`](crate::registered_ops)).
 #[derive(Debug)]
 pub struct OpDecl(OpDeclParts);
 
@@ -307,6 +307,23 @@ impl StaticOp {
             timeout: None,
         };
         self.get()?.call_outputs(args, &options)
+    }
+
+    /// The op `#[py_op]` declared at `line` of `file`, in `module_path`, as `name`: what
+    /// `pyop::op!` finds (the declaration registered it); not a public API.
+    #[doc(hidden)]
+    pub fn __find(module_path: &str, file: &str, line: u32, name: &str) -> &'static StaticOp {
+        inventory::iter::<super::Registration>
+            .into_iter()
+            .map(|r| r.0)
+            .find(|op| {
+                let d = op.decl();
+                d.line() == line
+                    && d.name() == name
+                    && d.module_path() == module_path
+                    && d.file() == file
+            })
+            .expect("a #[py_op] function registers its op where its handle finds it")
     }
 
     /// The declaration.

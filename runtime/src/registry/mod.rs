@@ -15,7 +15,7 @@ inventory::collect!(Registration);
 /// Every op declared with `#[py_op]` in the program, from any crate, sorted by Rust path (the
 /// key: two crates' ops of the same name do not collide). Each is the op's [`StaticOp`]:
 /// [`decl`](StaticOp::decl) is its declaration (name, Rust path, file and line, source, `tout`),
-/// [`get`](StaticOp::get) the op itself. One op's, typed, is `name::op()` beside its function.
+/// [`get`](StaticOp::get) the op itself. One op's, typed, is `pyop::op!(name)`.
 pub fn registered_ops() -> Vec<&'static StaticOp> {
     let mut all: Vec<&'static StaticOp> = inventory::iter::<Registration>
         .into_iter()
@@ -26,7 +26,7 @@ pub fn registered_ops() -> Vec<&'static StaticOp> {
 }
 
 /// The declared op whose Rust path is `key` (`my_crate::ops::zscore`), or whose name is `key` if
-/// only one op has that name. Where the function is in scope, `zscore::op()` is the same op,
+/// only one op has that name. Where the function is in scope, `pyop::op!(zscore)` is the same op,
 /// checked by the compiler.
 pub fn registered_op(key: &str) -> Option<&'static StaticOp> {
     let all = registered_ops();

@@ -178,7 +178,7 @@ pub fn validation_report() -> Result<ValidationReport> {
 ///
 /// # fn main() -> pyop::Result<()> {
 /// // Only the ops this command uses, by their typed handles.
-/// Validate::ops([twice::op()]).check()?;
+/// Validate::ops([pyop::op!(twice)]).check()?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -210,7 +210,7 @@ impl Validate {
         }
     }
 
-    /// These ops only (`name::op()` is a declared op's handle), and the Python set-up.
+    /// These ops only (`pyop::op!(name)` is a declared op's handle), and the Python set-up.
     pub fn ops(ops: impl IntoIterator<Item = &'static StaticOp>) -> Self {
         Self {
             ops: Some(ops.into_iter().collect()),
