@@ -296,7 +296,7 @@ fn main() {
                 ("VIRTUAL_ENV", "/nonexistent/venv"),
             ],
         ),
-        ("dot_venv", repo().join("tests").join("ui"), vec![]),
+        ("dot_venv", repo().join("tests").join("py"), vec![]),
         // Started from elsewhere with nothing set: the environment recorded at build time.
         ("recorded_at_build", outside.clone(), vec![]),
         (
