@@ -64,6 +64,11 @@ mod broken {
     #[py_op(code = BAD_GRAD_SIG, tout = f64, grad = "g")]
     pub fn bad_grad_sig(x: &Tensor) -> pyop::Result<Tensor>;
 
+    // Two problems of one op: its body's arity and its gradient's.
+    const TWO_PROBLEMS: &str = "def body(x, y):\n    return x\ndef g(a):\n    return a";
+    #[py_op(code = TWO_PROBLEMS, name = "body", tout = f64, grad = "g")]
+    pub fn two_problems(x: &Tensor) -> pyop::Result<Tensor>;
+
     // A syntax error: reported with the source line and a caret.
     const RAW_SYNTAX: &str = r#"
 def raw_syntax(x):
@@ -264,8 +269,35 @@ fn validation_reports_every_problem_with_its_declaration() {
         "{}",
         pool[0].message
     );
+    // An op with two problems has both, each naming it once (the second was dropped, and the op
+    // listed twice under the first).
+    let two: Vec<&pyop::Problem> = report
+        .problems
+        .iter()
+        .filter(|p| {
+            p.ops
+                .iter()
+                .any(|o| o.rust_path == "devx_tests::broken::two_problems")
+        })
+        .collect();
+    assert_eq!(two.len(), 2, "{two:#?}");
+    assert!(two.iter().all(|p| p.ops.len() == 1), "{two:#?}");
+    assert!(two[0]
+        .message
+        .contains("the function `body` does not accept the declared arguments (x)"));
+    assert!(two[1]
+        .message
+        .contains("the gradient `g` does not accept (inputs, outputs, grads)"));
+    // One op named twice is checked once.
+    let twice = pyop::Validate::ops([
+        pyop::op!(broken::two_problems),
+        pyop::op!(broken::two_problems),
+    ])
+    .report()
+    .unwrap();
+    assert_eq!((twice.checked, twice.problems.len()), (1, 2), "{twice:#?}");
     // Only the broken ones: the rest, and the Python version, check out.
-    assert_eq!(report.problems.len(), 7, "{:#?}", report.problems);
+    assert_eq!(report.problems.len(), 9, "{:#?}", report.problems);
     assert!(
         report
             .skipped
@@ -278,7 +310,7 @@ fn validation_reports_every_problem_with_its_declaration() {
     let err = pyop::validate().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Validation);
     let text = err.to_string();
-    assert!(text.starts_with("validate() found 7 problem(s)"), "{text}");
+    assert!(text.starts_with("validate() found 9 problem(s)"), "{text}");
     assert!(
         !text.contains("op `validate`"),
         "no pseudo-op names: {text}"

@@ -125,7 +125,12 @@ impl ValidationReport {
     /// Adds `op` to the problem of `cause`, or a new problem with `message`.
     fn add(&mut self, causes: &mut Vec<String>, cause: String, op: Option<OpRef>, message: String) {
         match causes.iter().position(|c| *c == cause) {
-            Some(i) => self.problems[i].ops.extend(op),
+            Some(i) => {
+                let ops = &mut self.problems[i].ops;
+                if let Some(op) = op.filter(|op| !ops.contains(op)) {
+                    ops.push(op);
+                }
+            }
             None => {
                 let set_up = op.is_none() || cause == "numpy" || cause.starts_with("module ");
                 causes.push(cause);
@@ -212,8 +217,14 @@ impl Validate {
 
     /// These ops only (`pyop::op!(name)` is a declared op's handle), and the Python set-up.
     pub fn ops(ops: impl IntoIterator<Item = &'static StaticOp>) -> Self {
+        let mut unique: Vec<&'static StaticOp> = Vec::new();
+        for op in ops {
+            if !unique.iter().any(|u| std::ptr::eq(*u, op)) {
+                unique.push(op);
+            }
+        }
         Self {
-            ops: Some(ops.into_iter().collect()),
+            ops: Some(unique),
             workers: false,
         }
     }
@@ -320,11 +331,13 @@ fn report(ops: &[&'static StaticOp], workers: bool) -> Result<ValidationReport> 
         let Err(e) = result else { continue };
         let decl = op.decl();
         // NumPy missing in a worker, where the program misses it too, is that one problem.
-        let cause = match (&numpy_cause, e.kind()) {
+        let kind = e.kind();
+        let message = e.with_op(None).to_string();
+        let cause = match (&numpy_cause, kind) {
             (Some(numpy), ErrorKind::PackageUnavailable) => numpy.clone(),
-            _ => format!("op {}", decl.rust_path()),
+            _ => format!("op {}: {message}", decl.rust_path()),
         };
-        report.add_once(&mut causes, cause, decl, e.with_op(None).to_string());
+        report.add_once(&mut causes, cause, decl, message);
     }
     Ok(report)
 }
@@ -412,8 +425,10 @@ fn check_op(
 ) -> bool {
     let decl = op.decl();
     let here = || Some(OpRef::of(decl));
+    // Each of an op's own problems is one problem (its body's and its gradient's both show).
     let mut own = |report: &mut ValidationReport, message: String| {
-        report.add(causes, format!("op {}", decl.rust_path()), here(), message)
+        let cause = format!("op {}: {message}", decl.rust_path());
+        report.add(causes, cause, here(), message)
     };
     let src = decl.source();
     let module = match source::shared_module(py, decl.name(), &src) {
