@@ -366,6 +366,28 @@ fn gradcheck_catches_a_wrong_gradient() {
     );
 }
 
+/// The tolerances are those of the narrowest dtype involved, an output's too: a right gradient
+/// through an f32 output of f64 inputs passes (it was a mismatch at f64's tolerances); and a step
+/// that rounds away in the input's dtype is said to, not blamed on the gradient.
+#[test]
+fn gradcheck_compares_at_the_precision_it_has() {
+    let x = f64s(&[0.3, 1.1]);
+    gradcheck(
+        |xs| Ok(vec![xs[0].to_dtype(DType::F32)?.sin()?]),
+        &[x],
+        GradCheck::default(),
+    )
+    .unwrap();
+    let x = f64s(&[300.0, 1000.0]).to_dtype(DType::F16).unwrap();
+    let err = gradcheck(|xs| Ok(vec![(&xs[0] * 2.0)?]), &[x], GradCheck::default()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string()
+            .contains("input 0[0] = 300: the step eps = 0.01 rounds away in f16"),
+        "{err}"
+    );
+}
+
 /// Each Jacobian entry is checked on its own: a gradient that is right for the first output and
 /// wrong for the second is caught at the second, in that output's units.
 #[test]

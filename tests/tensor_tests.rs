@@ -455,7 +455,7 @@ fn gradcheck_in_f32_names_the_step_its_dtype_allows() {
     assert!(
         text.contains("step eps = 0.001;")
             && text.contains("atol = 0.001 + rtol = 0.01 × |finite difference|")
-            && text.contains("in f32: a smaller step is lost to rounding"),
+            && text.contains("in f32 (the narrowest of the input and the outputs): a smaller step is lost to rounding"),
         "{text}"
     );
 }

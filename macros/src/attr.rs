@@ -109,11 +109,12 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// The dtype probably meant by an unknown name: NumPy's and torch's names for candle's dtypes
-/// (`float32`, `double`, `long`), or one edit away from a dtype (`f23` is not, `f3` is).
+/// (`float32`, `double`, `long`; `float` and `int` as NumPy means them, f64 and i64), or one edit
+/// away from a dtype of the same kind (`f3` is `f32`; `u16` is none).
 fn near_dtype(name: &str) -> Option<&'static str> {
     const ALIASES: &[(&str, &str)] = &[
         ("float32", "f32"),
-        ("float", "f32"),
+        ("float", "f64"),
         ("float64", "f64"),
         ("double", "f64"),
         ("float16", "f16"),
@@ -122,7 +123,7 @@ fn near_dtype(name: &str) -> Option<&'static str> {
         ("int64", "i64"),
         ("long", "i64"),
         ("int32", "i32"),
-        ("int", "i32"),
+        ("int", "i64"),
         ("int16", "i16"),
         ("short", "i16"),
         ("uint8", "u8"),
@@ -133,9 +134,12 @@ fn near_dtype(name: &str) -> Option<&'static str> {
     if let Some(&(_, d)) = ALIASES.iter().find(|(a, _)| *a == lower) {
         return Some(d);
     }
+    // One edit away, and of the same kind (`u16` is no `f16`, `i8` no `u8`).
     DTYPES
         .iter()
-        .map(|d| (edit_distance(&lower, d.0), d.0))
+        .map(|d| d.0)
+        .filter(|d| d.as_bytes().first() == lower.as_bytes().first())
+        .map(|d| (edit_distance(&lower, d), d))
         .min()
         .filter(|(distance, _)| *distance <= 1)
         .map(|(_, d)| d)
@@ -742,6 +746,12 @@ mod parse_tests {
         assert_eq!(near_dtype("f3"), Some("f32"));
         assert_eq!(near_dtype("i63"), Some("i64"));
         assert_eq!(near_dtype("complex64"), None);
+        // Not across kinds; NumPy's `float` and `int`.
+        assert_eq!(near_dtype("u16"), None);
+        assert_eq!(near_dtype("u64"), None);
+        assert_eq!(near_dtype("i8"), None);
+        assert_eq!(near_dtype("float"), Some("f64"));
+        assert_eq!(near_dtype("int"), Some("i64"));
         assert_eq!(near_dtype("x"), None);
         let (_, err) = tout(quote!(f32[2.5]));
         assert!(err.unwrap_err().to_string().starts_with("malformed shape"));

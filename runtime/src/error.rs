@@ -366,9 +366,10 @@ pub(crate) use bail;
 struct Carried(Option<Error>);
 
 /// The addresses of the live [`Carried`]s.
-static CARRIED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+static CARRIED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<usize>>> =
+    std::sync::LazyLock::new(Default::default);
 
-fn carried() -> std::sync::MutexGuard<'static, Vec<usize>> {
+fn carried() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
     CARRIED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -383,8 +384,7 @@ impl fmt::Display for Carried {
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        let at = self as *const Carried as usize;
-        carried().retain(|&a| a != at);
+        carried().remove(&(self as *const Carried as usize));
     }
 }
 
@@ -393,12 +393,8 @@ fn uncarry(
     wrapped: Box<dyn fmt::Display + Send + Sync>,
 ) -> std::result::Result<Error, Box<dyn fmt::Display + Send + Sync>> {
     let at = &*wrapped as *const (dyn fmt::Display + Send + Sync) as *const () as usize;
-    {
-        let mut live = carried();
-        let Some(i) = live.iter().position(|&a| a == at) else {
-            return Err(wrapped);
-        };
-        live.swap_remove(i);
+    if !carried().remove(&at) {
+        return Err(wrapped);
     }
     // SAFETY: an address is in CARRIED only from `From<Error>`'s boxing of a `Carried` until
     // that `Carried` is dropped, and no other allocation can sit at a live one's address: the
@@ -424,6 +420,22 @@ impl From<candle_core::Error> for Error {
                 }),
                 e => e,
             },
+            candle_core::Error::WithPath { inner, path } => match Error::from(*inner) {
+                Error::Candle(inner) => Error::Candle(candle_core::Error::WithPath {
+                    inner: Box::new(inner),
+                    path,
+                }),
+                e => e,
+            },
+            // candle's `Context` trait on a `Result<_, pyop::Error>`.
+            candle_core::Error::WrappedContext { wrapped, context } => {
+                match wrapped.downcast::<Error>() {
+                    Ok(e) => *e,
+                    Err(wrapped) => {
+                        Error::Candle(candle_core::Error::WrappedContext { wrapped, context })
+                    }
+                }
+            }
             candle_core::Error::Context { inner, context } => match Error::from(*inner) {
                 Error::Candle(inner) => Error::Candle(candle_core::Error::Context {
                     inner: Box::new(inner),
@@ -444,7 +456,7 @@ impl From<Error> for candle_core::Error {
             Error::Candle(e) => e,
             e => {
                 let boxed = Box::new(Carried(Some(e)));
-                carried().push(&*boxed as *const Carried as usize);
+                carried().insert(&*boxed as *const Carried as usize);
                 candle_core::Error::Wrapped(boxed)
             }
         }
@@ -473,6 +485,16 @@ mod tests {
         let plain = Error::from(candle_core::Error::Wrapped(Box::new("not pyop")));
         assert_eq!(plain.kind(), ErrorKind::Candle);
         assert_eq!(plain.to_string(), "not pyop");
+        // Kinds survive candle's path and context wrappers too.
+        let with_path =
+            candle_core::Error::from(Error::op_failure("op_d", ErrorKind::Timeout, "late"))
+                .with_path("/x");
+        assert_eq!(Error::from(with_path).kind(), ErrorKind::Timeout);
+        let wrapped = candle_core::Error::WrappedContext {
+            wrapped: Box::new(Error::op_failure("op_e", ErrorKind::Source, "s")),
+            context: "loading".into(),
+        };
+        assert_eq!(Error::from(wrapped).kind(), ErrorKind::Source);
         let live = super::carried().len();
         let c = candle_core::Error::from(Error::op_failure("op_c", ErrorKind::Source, "x"));
         assert_eq!(super::carried().len(), live + 1);

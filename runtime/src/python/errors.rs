@@ -125,7 +125,8 @@ fn syntax_error_location(py: Python<'_>, err: &PyErr) -> Option<String> {
     let lines = py
         .import("traceback")
         .ok()?
-        .call_method1("format_exception_only", (err.value(py),))
+        // The two-argument form: Python 3.9 has no one-argument one.
+        .call_method1("format_exception_only", (err.get_type(py), err.value(py)))
         .ok()?;
     let mut lines: Vec<String> = lines.extract().ok()?;
     lines.pop(); // "SyntaxError: message", which the error's own text says

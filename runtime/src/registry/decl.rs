@@ -265,7 +265,8 @@ pub fn relocate_sources(built: &str, run: impl Into<std::path::PathBuf>) {
 fn relocated(abs: &'static str) -> Cow<'static, str> {
     let moved = RELOCATED.read().unwrap_or_else(|e| e.into_inner());
     match moved.as_ref().and_then(|(built, run)| {
-        let rest = abs.strip_prefix(built.as_str())?.trim_start_matches('/');
+        // By path components: `/a/b` holds `/a/b/x.py`, not `/a/bc/x.py`.
+        let rest = std::path::Path::new(abs).strip_prefix(built).ok()?;
         Some(run.join(rest).to_string_lossy().into_owned())
     }) {
         Some(path) => Cow::Owned(path),

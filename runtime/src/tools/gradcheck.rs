@@ -156,6 +156,8 @@ where
             rows.push((*j, m, per_input, ran));
         }
     }
+    // An output narrower than an input is compared at the output's precision.
+    let out_dtypes: Vec<DType> = ys.iter().map(|(_, y)| y.dtype()).collect();
     let mut report = GradReport {
         max_abs_error: Vec::new(),
     };
@@ -165,24 +167,49 @@ where
             continue;
         }
         let base: Vec<f64> = x.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
-        let tol = tol.for_dtype(x.dtype());
+        let narrowest = narrowest(x.dtype(), &out_dtypes);
+        let tol = out_dtypes
+            .iter()
+            .fold(tol.for_dtype(x.dtype()), |t, d| t.for_dtype(*d));
         let mut worst: f64 = 0.0;
         for k in 0..base.len() {
-            // Every output element at x_i[k] ± eps: a column of the numeric Jacobian.
-            let at = |delta: f64| -> Result<Vec<f64>> {
+            // Every output element at x_i[k] ± eps: a column of the numeric Jacobian, and the
+            // value x_i[k] took in its own dtype (the step actually taken).
+            let at = |delta: f64| -> Result<(f64, Vec<f64>)> {
                 let mut v = base.clone();
                 v[k] += delta;
                 let mut probe: Vec<Tensor> = xs.iter().map(Tensor::detach).collect();
                 probe[i] = Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(x.dtype())?;
+                let taken = probe[i]
+                    .flatten_all()?
+                    .get(k)?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
                 let mut column = Vec::new();
                 for (_, y) in float_outputs(&probe)? {
                     column.extend(y.to_dtype(DType::F64)?.to_vec1::<f64>()?);
                 }
-                Ok(column)
+                Ok((taken, column))
             };
-            let (plus, minus) = (at(tol.eps)?, at(-tol.eps)?);
+            let ((up, plus), (down, minus)) = (at(tol.eps)?, at(-tol.eps)?);
+            // In a narrow dtype a step can round away (f16 has 0.25 between 256 and 512).
+            let step = up - down;
+            if step == 0.0 {
+                return Err(Error::mismatch(
+                    NO_OP,
+                    ErrorKind::InvalidArgument,
+                    Some(i),
+                    format!(
+                        "input {i}[{k}] = {}: the step eps = {} rounds away in {}; give a larger \
+                         step (GradCheck::eps) or check with f64 inputs",
+                        base[k],
+                        tol.eps,
+                        x.dtype().as_str()
+                    ),
+                ));
+            }
             for (r, (j, m, per_input, ran)) in rows.iter().enumerate() {
-                let numeric = (plus[r] - minus[r]) / (2.0 * tol.eps);
+                let numeric = (plus[r] - minus[r]) / step;
                 let analytic = per_input[i].as_ref().map_or(0.0, |g| g[k]);
                 let err = (analytic - numeric).abs();
                 worst = worst.max(err);
@@ -191,7 +218,7 @@ where
                         (i, k, *j, *m),
                         analytic,
                         numeric,
-                        x.dtype(),
+                        narrowest,
                         tol,
                         ran,
                     ));
@@ -201,6 +228,22 @@ where
         report.max_abs_error.push(worst);
     }
     Ok(report)
+}
+
+/// The narrowest of `input` and the float `outputs` (the one whose precision bounds the check).
+fn narrowest(input: DType, outputs: &[DType]) -> DType {
+    let rank = |d: DType| match d {
+        DType::F64 => 0,
+        DType::F32 => 1,
+        DType::F16 => 2,
+        _ => 3,
+    };
+    outputs
+        .iter()
+        .copied()
+        .chain([input])
+        .max_by_key(|d| rank(*d))
+        .unwrap_or(input)
 }
 
 /// The error for the Jacobian entry `∂y_j[m]/∂x_i[k]` whose two values disagree, in gradient
@@ -228,8 +271,8 @@ fn mismatch(
         String::new()
     } else {
         format!(
-            "; in {}: a smaller step is lost to rounding in that dtype, check the gradient with \
-             f64 inputs for a tight comparison",
+            "; in {} (the narrowest of the input and the outputs): a smaller step is lost to \
+             rounding in that dtype, compare in f64 for a tight check",
             dtype.as_str()
         )
     };

@@ -644,7 +644,7 @@ def _exception_info(e, phase):
         try:
             syntax = {
                 "msg": _clean(e.msg),
-                "location": _clean("".join(traceback.format_exception_only(e)[:-1])),
+                "location": _clean("".join(traceback.format_exception_only(type(e), e)[:-1])),
             }
         except BaseException:  # noqa: BLE001
             syntax = None
