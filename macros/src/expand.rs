@@ -186,7 +186,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             static __PYOP_FOUND: ::std::sync::OnceLock<&'static #p::StaticOp> =
                 ::std::sync::OnceLock::new();
             __PYOP_FOUND.get_or_init(|| {
-                #p::StaticOp::__find(::core::module_path!(), ::core::file!(), #line, #name)
+                #p::declared_at(::core::module_path!(), ::core::file!(), #line, #name)
             })
         }
     }

@@ -58,7 +58,7 @@ pub mod __private {
     pub use crate::bridge::outputs::Outputs;
     pub use crate::python::env::BuildEnv;
     pub use crate::registry::decl::{relocate_sources, OpDeclParts};
-    pub use crate::registry::Registration;
+    pub use crate::registry::{declared_at, Registration};
     pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;

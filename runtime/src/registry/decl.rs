@@ -310,23 +310,6 @@ impl StaticOp {
         self.get()?.call_outputs(args, &options)
     }
 
-    /// The op `#[py_op]` declared at `line` of `file`, in `module_path`, as `name`: what
-    /// `pyop::op!` finds (the declaration registered it); not a public API.
-    #[doc(hidden)]
-    pub fn __find(module_path: &str, file: &str, line: u32, name: &str) -> &'static StaticOp {
-        inventory::iter::<super::Registration>
-            .into_iter()
-            .map(|r| r.0)
-            .find(|op| {
-                let d = op.decl();
-                d.line() == line
-                    && d.name() == name
-                    && d.module_path() == module_path
-                    && d.file() == file
-            })
-            .expect("a #[py_op] function registers its op where its handle finds it")
-    }
-
     /// The declaration.
     pub fn decl(&self) -> &'static OpDecl {
         self.decl

@@ -25,6 +25,23 @@ pub fn registered_ops() -> Vec<&'static StaticOp> {
     all
 }
 
+/// The op `#[py_op]` declared at `line` of `file`, in `module_path`, as `name`: what `pyop::op!`
+/// finds (the declaration registered it); not a public API.
+#[doc(hidden)]
+pub fn declared_at(module_path: &str, file: &str, line: u32, name: &str) -> &'static StaticOp {
+    inventory::iter::<Registration>
+        .into_iter()
+        .map(|r| r.0)
+        .find(|op| {
+            let d = op.decl();
+            d.line() == line
+                && d.name() == name
+                && d.module_path() == module_path
+                && d.file() == file
+        })
+        .expect("a #[py_op] function registers its op where its handle finds it")
+}
+
 /// The declared op whose Rust path is `key` (`my_crate::ops::zscore`), or whose name is `key` if
 /// only one op has that name. Where the function is in scope, `pyop::op!(zscore)` is the same op,
 /// checked by the compiler.

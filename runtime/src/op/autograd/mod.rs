@@ -18,6 +18,7 @@
 mod backward;
 mod node;
 mod pack;
+mod record;
 
 use std::sync::{Arc, Mutex};
 
@@ -29,39 +30,7 @@ use crate::bridge::prepare::{Prepared, PreparedInputs};
 use crate::error::Result;
 use node::{Node, SavedArg};
 use pack::{cpu_storage, pack, unpack, Slot};
-
-thread_local! {
-    /// The ops whose gradient ran on this thread since [`gradients_run`] began, while it runs.
-    static GRADIENTS_RUN: std::cell::RefCell<Option<Vec<String>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Runs `f` (a backward pass) and names the ops whose gradient it ran, each once, in order.
-pub(crate) fn gradients_run<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
-    /// Puts back what an enclosing recording had, also when `f` panics.
-    struct Restore(Option<Vec<String>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let outer = self.0.take();
-            GRADIENTS_RUN.with(|g| *g.borrow_mut() = outer);
-        }
-    }
-    let restore = Restore(GRADIENTS_RUN.with(|g| g.borrow_mut().replace(Vec::new())));
-    let r = f();
-    let ran = GRADIENTS_RUN.with(|g| g.borrow_mut().take());
-    drop(restore);
-    (r, ran.unwrap_or_default())
-}
-
-fn note_gradient_run(op: &str) {
-    GRADIENTS_RUN.with(|g| {
-        if let Some(ran) = g.borrow_mut().as_mut() {
-            if !ran.iter().any(|r| r == op) {
-                ran.push(op.to_owned());
-            }
-        }
-    });
-}
+pub(crate) use record::gradients_run;
 
 fn tracked(t: &Tensor) -> bool {
     t.dtype().is_float() && t.track_op()

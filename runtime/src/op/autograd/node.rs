@@ -70,7 +70,7 @@ impl CustomOp1 for Node {
 impl Node {
     fn backward(&self, grad_res: &Tensor) -> Result<Option<Tensor>> {
         let op = &*self.op.inner;
-        super::note_gradient_run(&op.name);
+        super::record::note_gradient_run(&op.name);
         let Some(gradient) = &op.gradient else {
             return Err(Error::op_failure(
                 &op.name,

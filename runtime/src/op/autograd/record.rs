@@ -1,0 +1,35 @@
+//! Which ops' gradients a backward pass ran, for `gradcheck`'s messages: a thread-local list,
+//! kept only while [`gradients_run`] runs (candle's backward runs on the caller's thread).
+
+thread_local! {
+    /// The ops whose gradient ran on this thread since [`gradients_run`] began, while it runs.
+    static GRADIENTS_RUN: std::cell::RefCell<Option<Vec<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (a backward pass) and names the ops whose gradient it ran, each once, in order.
+pub(crate) fn gradients_run<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    /// Puts back what an enclosing recording had, also when `f` panics.
+    struct Restore(Option<Vec<String>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            GRADIENTS_RUN.with(|g| *g.borrow_mut() = outer);
+        }
+    }
+    let restore = Restore(GRADIENTS_RUN.with(|g| g.borrow_mut().replace(Vec::new())));
+    let r = f();
+    let ran = GRADIENTS_RUN.with(|g| g.borrow_mut().take());
+    drop(restore);
+    (r, ran.unwrap_or_default())
+}
+
+pub(super) fn note_gradient_run(op: &str) {
+    GRADIENTS_RUN.with(|g| {
+        if let Some(ran) = g.borrow_mut().as_mut() {
+            if !ran.iter().any(|r| r == op) {
+                ran.push(op.to_owned());
+            }
+        }
+    });
+}
