@@ -100,7 +100,10 @@ case "${1:-}" in
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
       exit 0
     fi
-    step "cargo test (every test, example and bench)" cargo test --workspace --all-targets
+    # Every test and bench (as a test); the examples are built and run by tests/examples_tests.rs
+    # (`--all-targets` would also build each example a second time, as a test harness).
+    step "cargo test (every test, example and bench)" \
+      cargo test --workspace --lib --bins --tests --benches
     # The audit's scenarios again in a release build, where candle's integer arithmetic and
     # shape products would wrap instead of panicking: pyop's checks must hold in both.
     step "release hardening" cargo test --release --test hardening
