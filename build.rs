@@ -18,6 +18,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     println!("cargo:rerun-if-env-changed=PYO3_CONFIG_FILE");
     println!("cargo:rerun-if-changed=build.rs");
+    // The `package` folders pyop's own tests declare: a file added to one is embedded by the next
+    // build (cargo watches a folder's files, added ones included; a crate whose build script
+    // prints no `rerun-if-changed`, as the README's, gets this for all its files).
+    for package in ["tests/py/mylib", "tests/py/reloadpkg"] {
+        if std::path::Path::new(package).is_dir() {
+            println!("cargo:rerun-if-changed={package}");
+        }
+    }
     // Working on pyop itself (built in its own target folder, not as another crate's
     // dependency): its tests need the venv `scripts/dev.sh` makes. Without it they fail on
     // NumPy; say why first.

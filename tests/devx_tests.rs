@@ -400,6 +400,19 @@ fn missing_packages_say_what_to_do() {
     assert!(text.contains("pip install scikit-learn`"), "{text}");
     assert!(!text.contains("pip install sklearn"), "{text}");
     assert!(!text.contains("another name"), "{text}");
+    // An import inside the body fails its call with the kind NumPy missing has.
+    let op = PyOp::builder("imports_late")
+        .code("def imports_late(x):\n    import pyop_surely_missing_pkg\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let err = op.call(&[Arg::from(&x())]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PackageUnavailable, "{err}");
+    assert!(
+        err.to_string()
+            .contains("pip install pyop_surely_missing_pkg"),
+        "{err}"
+    );
 }
 
 // Declarations may return candle's or anyhow's `Result` (any `Result<_, E: From<pyop::Error>>`).

@@ -319,6 +319,50 @@ fn body_checked_at_build_time(app: &Path, main_rs: &str, cargo: &dyn Fn(&[&str])
         cargo(&["build", "--quiet"]),
     );
     std::fs::write(app.join("src/main.rs"), main_rs).unwrap();
+    package_file_added(app, cargo);
+}
+
+/// A `.py` file added to a `package` folder is embedded by the next `cargo build` (the README's
+/// `build.rs` prints no `rerun-if-changed`, so cargo reruns it, and rebuilds the crate, when any
+/// file of the package changes).
+fn package_file_added(app: &Path, cargo: &dyn Fn(&[&str]) -> Command) {
+    let pkg = app.join("py/mylib");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(
+        pkg.join("__init__.py"),
+        "def body(x):\n    from . import extra\n    return extra.f(x)\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(app.join("src/bin")).unwrap();
+    std::fs::write(
+        app.join("src/bin/pkg.rs"),
+        "use pyop::{py_op, Tensor};\n\
+         #[py_op(package = \"py/mylib\", name = \"body\", tout = f32)]\n\
+         fn body(x: &Tensor) -> pyop::Result<Tensor>;\n\
+         fn main() {\n    \
+         let x = Tensor::new(&[1f32, 2.], &pyop::candle::Device::Cpu).unwrap();\n    \
+         match body(&x) {\n        \
+         Ok(y) => println!(\"{:?}\", y.to_vec1::<f32>().unwrap()),\n        \
+         Err(e) => println!(\"error: {e}\"),\n    }\n}\n",
+    )
+    .unwrap();
+    let run_pkg = || {
+        let out = run(
+            "[default] cargo run --bin pkg",
+            cargo(&["run", "--quiet", "--bin", "pkg"]),
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = run_pkg();
+    assert!(before.contains("cannot import name 'extra'"), "{before}");
+    std::fs::write(pkg.join("extra.py"), "def f(x):\n    return x * 3\n").unwrap();
+    let after = run_pkg();
+    assert_eq!(
+        after.trim(),
+        "[3.0, 6.0]",
+        "the added file is embedded: {after}"
+    );
+    std::fs::remove_dir_all(app.join("src/bin")).unwrap();
 }
 
 /// The README's `.cargo/config.toml` pins the crate's venv: the binary uses it even when started

@@ -17,6 +17,9 @@ pub(crate) fn python_error(py: Python<'_>, op: impl IntoOpName, err: PyErr) -> E
     // An error from Rust code the body called (an exposed function, a nested op) keeps its kind.
     let kind = if let Some(kind) = rust_error_kind(py, &err) {
         kind
+    } else if err.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
+        // A package the body imports is not installed: what NumPy missing is too.
+        ErrorKind::PackageUnavailable
     } else if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
         ErrorKind::InvalidArgument
     } else if err.is_instance_of::<PyStopIteration>(py)
