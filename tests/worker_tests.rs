@@ -871,6 +871,33 @@ fn validate_starts_workers_only_when_asked() {
     assert_eq!(halve(&x).unwrap().to_vec1::<f32>().unwrap(), [1.5]);
 }
 
+/// `start_workers` starts the workers a pool is missing, now, and the counts say who is busy
+/// (mutation testing of `worker/mod.rs`: `fill` emptied, its missing count miscomputed, and
+/// `busy` as running + idle all went unnoticed).
+#[test]
+fn start_workers_starts_the_missing_ones_now() {
+    let _s = serial();
+    let pool = WorkerPool::new(3);
+    let op = worker_op(
+        &pool,
+        "fill",
+        "def f(x):\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    op.call(&[Arg::from(&x)]).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.started, s.running, s.busy), (1, 1, 0), "{s:?}");
+    // Two are missing: two more start, before any call needs them.
+    op.start_workers().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.started, s.running, s.busy), (3, 3, 0), "{s:?}");
+    assert_eq!(pool.idle_pids().len(), 3);
+    // None is missing: none starts.
+    op.start_workers().unwrap();
+    assert_eq!(pool.stats().started, 3);
+}
+
 #[test]
 fn ops_that_cannot_run_in_workers_are_refused() {
     let _s = serial();
