@@ -896,6 +896,14 @@ fn start_workers_starts_the_missing_ones_now() {
     // None is missing: none starts.
     op.start_workers().unwrap();
     assert_eq!(pool.stats().started, 3);
+    // Its Debug is its counters.
+    let shown = format!("{pool:?}");
+    assert!(
+        shown.starts_with(
+            "WorkerPool { stats: PoolStats { size: 3, running: 3, busy: 0, started: 3"
+        ),
+        "{shown}"
+    );
 }
 
 #[test]
