@@ -106,9 +106,7 @@ case "${1:-}" in
       cargo test --workspace --lib --bins --tests --benches
     # The audit's scenarios again in a release build, where candle's integer arithmetic and
     # shape products would wrap instead of panicking: pyop's checks must hold in both.
-    # `ci-release` (Cargo.toml) is release with less optimization: the same wrapping arithmetic
-    # and no debug assertions, in about half the build time.
-    step "release hardening" cargo test --profile ci-release --test hardening
+    step "release hardening" cargo test --release --test hardening
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
@@ -132,8 +130,7 @@ case "${1:-}" in
     # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
     step "GPU kit (CPU build, verified)" \
-      env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" KIT_PROFILE=ci-release \
-      scripts/gpu-kit.sh --cpu --verify
+      env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" scripts/gpu-kit.sh --cpu --verify
     ;;
   mutants)
     # Mutation testing (cargo-mutants, installed once): every mutant of the given files, or with

@@ -52,7 +52,7 @@ echo "gpu-kit: Python $pyver ($python), CUDA: $([ "$cuda" = 1 ] && echo yes || e
 
 # --- the CUDA toolkit and the link stubs ------------------------------------------------------
 features=()
-# Without CUDA the kit is built in the workspace's own tree (in CI the `ci-release` tree the
+# Without CUDA the kit is the workspace's own release build (the one `dev.sh test`'s release
 # hardening run makes): its dependencies are built once, not in a tree of their own.
 target_dir=${CARGO_TARGET_DIR:-target}
 rustflags=${RUSTFLAGS:-}
@@ -89,11 +89,9 @@ fi
 export PYO3_PYTHON="$python" CARGO_TERM_COLOR=never
 unset VIRTUAL_ENV
 tests=(device_tests tensor_tests grad_tests dlpack_tests)
-# KIT_PROFILE: another profile than release for a kit that is only verified here (CI builds the
-# CPU kit in `ci-release`, whose tree its hardening run shares).
-build_args=(--profile "${KIT_PROFILE:-release}" "${features[@]}" --example gpu --bench summary)
+build_args=(--release "${features[@]}" --example gpu --bench summary)
 for t in "${tests[@]}"; do build_args+=(--test "$t"); done
-echo "gpu-kit: building ${tests[*]}, the gpu example and the summary bench (${KIT_PROFILE:-release})"
+echo "gpu-kit: building ${tests[*]}, the gpu example and the summary bench (release)"
 RUSTFLAGS="$rustflags" CARGO_TARGET_DIR="$target_dir" \
   cargo build "${build_args[@]}" --message-format=json-render-diagnostics > "$kit_dir/build.json"
 
