@@ -442,7 +442,7 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
         op.call_with(&[Arg::from(&x), Arg::Str(how)], &options)
     };
     let mut pids = Vec::new();
-    for (how, limit, kind, says) in [
+    for (i, (how, limit, kind, says)) in [
         (
             "segfault",
             None,
@@ -458,7 +458,10 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
         ),
         ("numpy", Some(300), ErrorKind::Timeout, "was killed"),
         ("spin", Some(300), ErrorKind::Timeout, "was killed"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         // The worker that will run this call.
         assert_eq!(call("ok", None).unwrap()[0].to_vec1::<f32>().unwrap(), [2.]);
         pids.extend(pool.idle_pids());
@@ -467,6 +470,12 @@ fn crashes_exits_and_hangs_fail_only_their_call() {
         assert_eq!(err.kind(), kind, "{how}: {err}");
         assert_eq!(err.op(), Some("fragile"));
         assert!(err.to_string().contains(says), "{how}: {err}");
+        // Workers are numbered from 1 in the order they start: each failure names a new one
+        // (mutation testing of `worker/mod.rs`, `reserve`: the ids went unchecked).
+        assert!(
+            err.to_string().contains(&format!("worker {} (pid ", i + 1)),
+            "{how}: {err}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{how} took {:?}",
