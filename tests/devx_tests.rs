@@ -296,6 +296,10 @@ fn validation_reports_every_problem_with_its_declaration() {
     .report()
     .unwrap();
     assert_eq!((twice.checked, twice.problems.len()), (1, 2), "{twice:#?}");
+    assert_eq!(
+        format!("{:?}", pyop::op!(broken::two_problems)),
+        "StaticOp(devx_tests::broken::two_problems)"
+    );
     // Only the broken ones: the rest, and the Python version, check out.
     assert_eq!(report.problems.len(), 9, "{:#?}", report.problems);
     assert!(

@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
+mod common;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -499,30 +501,12 @@ fn no_table_row_is_written_twice() {
     );
 }
 
-/// The blocks marked `<!-- user-crate: NAME -->` (what `tests/user_crate.rs` builds), by name.
-fn user_crate_blocks(text: &str) -> BTreeMap<String, String> {
-    let mut blocks = BTreeMap::new();
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        let Some(name) = line
-            .strip_prefix("<!-- user-crate: ")
-            .and_then(|r| r.strip_suffix(" -->"))
-        else {
-            continue;
-        };
-        lines.next();
-        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
-        blocks.insert(name.to_owned(), body.join("\n"));
-    }
-    blocks
-}
-
 /// The guide's "Getting started" shows the README's set-up blocks, which CI builds and runs:
 /// the copies must not drift.
 #[test]
 fn the_guide_shows_the_readme_set_up_blocks() {
-    let readme = user_crate_blocks(&read(&repo().join("README.md")));
-    let guide = user_crate_blocks(&read(&repo().join("docs/src/getting-started.md")));
+    let readme = common::user_crate_blocks(&read(&repo().join("README.md")));
+    let guide = common::user_crate_blocks(&read(&repo().join("docs/src/getting-started.md")));
     assert!(readme.contains_key("setup") && readme.contains_key("src/main.rs"));
     let names: BTreeSet<&String> = readme.keys().chain(guide.keys()).collect();
     let differ: Vec<&String> = names
@@ -545,8 +529,8 @@ fn step_4_uses_the_interpreter_the_build_uses() {
     use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
 
-    let setup = &user_crate_blocks(&read(&repo().join("README.md")))["setup"];
-    let config = &user_crate_blocks(&read(&repo().join("README.md")))[".cargo/config.toml"];
+    let setup = &common::user_crate_blocks(&read(&repo().join("README.md")))["setup"];
+    let config = &common::user_crate_blocks(&read(&repo().join("README.md")))[".cargo/config.toml"];
     let work = std::env::temp_dir().join(format!("pyop-docs-step4-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     let fake = |path: &Path, name: &str| {

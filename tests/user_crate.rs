@@ -13,34 +13,13 @@
 //! installs the wheel `scripts/dev.sh` keeps in `target/wheels` where it fits the Python (no
 //! network inside `cargo test`), else from PyPI.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The README's blocks marked `<!-- user-crate: NAME -->`, by name.
-fn readme_blocks(readme: &str) -> HashMap<String, String> {
-    let mut blocks = HashMap::new();
-    let mut lines = readme.lines();
-    while let Some(line) = lines.next() {
-        let Some(name) = line
-            .strip_prefix("<!-- user-crate: ")
-            .and_then(|r| r.strip_suffix(" -->"))
-        else {
-            continue;
-        };
-        let fence = lines.next().expect("a code block after the marker");
-        assert!(
-            fence.starts_with("```"),
-            "{name}: no code block after the marker"
-        );
-        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
-        blocks.insert(name.to_owned(), body.join("\n") + "\n");
-    }
-    blocks
 }
 
 /// The lines the README says `cargo run` prints.
@@ -142,7 +121,7 @@ fn run(what: &str, mut cmd: Command) -> Output {
 /// `python3`, with no `PYO3_PYTHON`). Returns a line for the summary.
 fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let blocks = readme_blocks(&readme);
+    let blocks = common::user_crate_blocks(&readme);
     let app = work.join(format!("my-app-{tag}"));
     std::fs::create_dir_all(app.join("src")).unwrap();
     let repo_path = repo().display().to_string();

@@ -134,3 +134,26 @@ pub fn child_test(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> (bool
     );
     (out.status.success(), text)
 }
+
+/// The blocks a Markdown file marks `<!-- user-crate: NAME -->` (the README's crate, which
+/// `tests/user_crate.rs` builds and the guide repeats), by name, each with its final newline.
+pub fn user_crate_blocks(text: &str) -> std::collections::BTreeMap<String, String> {
+    let mut blocks = std::collections::BTreeMap::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .strip_prefix("<!-- user-crate: ")
+            .and_then(|r| r.strip_suffix(" -->"))
+        else {
+            continue;
+        };
+        let fence = lines.next().expect("a code block after the marker");
+        assert!(
+            fence.starts_with("```"),
+            "{name}: no code block after the marker"
+        );
+        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+        blocks.insert(name.to_owned(), body.join("\n") + "\n");
+    }
+    blocks
+}

@@ -280,6 +280,13 @@ pub struct StaticOp {
     op: OnceLock<PyOp>,
 }
 
+/// Its declaration's Rust path: `StaticOp(my_crate::ops::zscore)`.
+impl std::fmt::Debug for StaticOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StaticOp({})", self.decl.rust_path())
+    }
+}
+
 impl StaticOp {
     #[doc(hidden)]
     pub const fn __new(decl: &'static OpDecl) -> Self {

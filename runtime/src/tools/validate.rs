@@ -186,24 +186,11 @@ pub fn validation_report() -> Result<ValidationReport> {
 /// Validate::ops([pyop::op!(twice)]).check()?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[must_use = "a Validate checks nothing until `check()` or `report()`"]
 pub struct Validate {
     ops: Option<Vec<&'static StaticOp>>,
     workers: bool,
-}
-
-impl fmt::Debug for Validate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ops = self
-            .ops
-            .as_ref()
-            .map(|ops| ops.iter().map(|o| o.decl().rust_path()).collect::<Vec<_>>());
-        f.debug_struct("Validate")
-            .field("ops", &ops)
-            .field("workers", &self.workers)
-            .finish()
-    }
 }
 
 impl Validate {
