@@ -291,3 +291,40 @@ fn mismatch(
     };
     Error::mismatch(op, ErrorKind::GradientMismatch, Some(i), what)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn tolerances_are_set_and_widened_per_dtype() {
+        let t = GradCheck::default().eps(0.5).atol(0.25).rtol(0.125);
+        assert_eq!((t.eps, t.atol, t.rtol), (0.5, 0.25, 0.125));
+        let d = GradCheck::default();
+        let f = |t: GradCheck| (t.eps, t.atol, t.rtol);
+        assert_eq!(f(d.for_dtype(DType::F64)), f(d));
+        assert_eq!(f(d.for_dtype(DType::F32)), (1e-3, 1e-3, 1e-2));
+        assert_eq!(f(d.for_dtype(DType::F16)), (1e-2, 5e-2, 5e-2));
+        assert_eq!(f(d.for_dtype(DType::BF16)), (5e-2, 1e-1, 1e-1));
+        assert_eq!(narrowest(DType::F64, &[]), DType::F64);
+        assert_eq!(narrowest(DType::F64, &[DType::F32, DType::F64]), DType::F32);
+        assert_eq!(narrowest(DType::F32, &[DType::F16]), DType::F16);
+        assert_eq!(narrowest(DType::F16, &[DType::BF16]), DType::BF16);
+        assert_eq!(narrowest(DType::BF16, &[DType::F64]), DType::BF16);
+    }
+
+    /// A large gradient is compared relative to its size: 10^6·x² at 1 has a derivative of
+    /// 2·10^6, whose finite difference is off by more than `atol` from rounding alone.
+    #[test]
+    fn large_gradients_pass_by_the_relative_tolerance() {
+        let x = Tensor::new(&[1.0f64, -0.5], &Device::Cpu).unwrap();
+        let report = gradcheck(
+            |xs| Ok(vec![(xs[0].sqr()? * 1e6)?]),
+            &[x],
+            GradCheck::default(),
+        )
+        .unwrap();
+        assert!(report.max_abs_error[0] > 1e-5, "{report:?}");
+    }
+}

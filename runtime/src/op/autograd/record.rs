@@ -33,3 +33,26 @@ pub(super) fn note_gradient_run(op: &str) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{gradients_run, note_gradient_run};
+
+    #[test]
+    fn each_op_once_in_order_and_nested_recordings_keep_the_outer() {
+        let ((), outer) = gradients_run(|| {
+            note_gradient_run("a");
+            let ((), inner) = gradients_run(|| {
+                note_gradient_run("c");
+            });
+            assert_eq!(inner, ["c"]);
+            note_gradient_run("b");
+            note_gradient_run("a");
+        });
+        assert_eq!(outer, ["a", "b"]);
+        // Nothing is recorded outside a recording.
+        note_gradient_run("d");
+        let ((), none) = gradients_run(|| {});
+        assert!(none.is_empty());
+    }
+}
