@@ -714,6 +714,7 @@ fn main() {
     // The plain-interpreter cases need NumPy there (the venv's, as scripts/dev.sh sets it up).
     let numpy_here = std::process::Command::new(venv_python())
         .args(["-c", "import numpy"])
+        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if numpy_here {

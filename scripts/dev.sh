@@ -93,8 +93,7 @@ case "${1:-}" in
     if [ -n "$quick" ]; then
       # The in-process test files, and every crate's unit tests.
       inprocess=()
-      for t in numpy_tests tensor_tests grad_tests dlpack_tests devx_tests executor_tests \
-               tracing_tests stub_tests device_tests leak_tests worker_tests reload_tests docs; do
+      for t in in_process devx_tests leak_tests worker_tests docs; do
         inprocess+=(--test "$t")
       done
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
@@ -143,8 +142,7 @@ case "${1:-}" in
     shift
     command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants@27.1.0
     guards=()
-    for t in ${MUTANTS_TESTS:-numpy_tests tensor_tests executor_tests grad_tests dlpack_tests \
-             hardening worker_tests devx_tests device_tests tracing_tests}; do
+    for t in ${MUTANTS_TESTS:-in_process hardening worker_tests devx_tests}; do
       guards+=("--cargo-test-arg=--test=$t")
     done
     if [ "$#" -gt 0 ]; then
@@ -156,7 +154,7 @@ case "${1:-}" in
       select=(--in-diff target/mutants.diff)
     fi
     # The tests live in the facade package, the code in pyop-runtime: cargo-mutants 27 runs its
-    # unmutated baseline with the mutated package's tests only (where no `--test=numpy_tests`
+    # unmutated baseline with the mutated package's tests only (where no `--test=in_process`
     # exists), so the baseline is skipped and the limits are set instead (a clean run of these
     # tests takes about 40 s here; a mutant that hangs a body is cut off at 5 minutes).
     # shellcheck disable=SC2086

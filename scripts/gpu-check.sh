@@ -25,7 +25,7 @@ echo "== build (release, --features cuda)"
 cargo build --release --features cuda --tests --examples --benches
 
 echo "== device tests (CPU and CUDA)"
-cargo test --release --features cuda --test device_tests --test tensor_tests --test grad_tests
+cargo test --release --features cuda --test in_process -- device_tests:: tensor_tests:: grad_tests::
 
 echo "== example"
 cargo run --release --features cuda --example gpu

@@ -84,14 +84,14 @@ step() {
 
 cd "$work"
 if [ "$cuda" = 1 ]; then
-  step "device tests (CPU and CUDA)" ./bin/device_tests --test-threads=1
+  step "device tests (CPU and CUDA)" ./bin/in_process device_tests:: --test-threads=1
 else
   # A CUDA kit's device tests include CUDA cases, which need a GPU.
-  step "device tests (CPU)" ./bin/device_tests --test-threads=1 --skip cuda --skip two_devices
+  step "device tests (CPU)" ./bin/in_process device_tests:: --test-threads=1 --skip cuda --skip two_devices
 fi
-step "tensor tests" ./bin/tensor_tests
-step "gradient tests" ./bin/grad_tests
-step "DLPack tests (NumPy; torch and CuPy on CUDA)" ./bin/dlpack_tests --nocapture
+step "tensor tests" ./bin/in_process tensor_tests::
+step "gradient tests" ./bin/in_process grad_tests::
+step "DLPack tests (NumPy; torch and CuPy on CUDA)" ./bin/in_process dlpack_tests:: --nocapture
 step "gpu example" ./bin/gpu
 
 echo

@@ -612,7 +612,7 @@ fn blas_threads(size: usize, env: &[(&str, &str)]) -> (Vec<i64>, i64) {
         .collect();
     vars.push(("PYOP_TEST_POOL", Some(size.as_ref())));
     vars.extend(env.iter().map(|&(k, v)| (k, Some(v.as_ref()))));
-    let (passed, text) = common::child_test("blas_threads_child", &vars);
+    let (passed, text) = common::child_test(module_path!(), "blas_threads_child", &vars);
     assert!(passed, "{text}");
     let line = text
         .lines()
@@ -722,8 +722,11 @@ fn no_zygote_child() {
 /// `PYOP_ZYGOTE=0` starts every worker as a process of its own, the program's child.
 #[test]
 fn without_the_zygote_workers_are_the_programs_children() {
-    let (passed, text) =
-        common::child_test("no_zygote_child", &[("PYOP_ZYGOTE", Some("0".as_ref()))]);
+    let (passed, text) = common::child_test(
+        module_path!(),
+        "no_zygote_child",
+        &[("PYOP_ZYGOTE", Some("0".as_ref()))],
+    );
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
@@ -781,7 +784,7 @@ fn dead_zygote_child() {
 /// with it.
 #[test]
 fn a_dead_zygote_fails_no_call() {
-    let (passed, text) = common::child_test("dead_zygote_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "dead_zygote_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
@@ -818,7 +821,7 @@ fn late_env_child() {
 /// as a worker the program starts itself would.
 #[test]
 fn forked_workers_get_the_programs_directory_and_environment_now() {
-    let (passed, text) = common::child_test("late_env_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "late_env_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
@@ -986,7 +989,7 @@ fn worker_start_child() {
 
 fn start_child(env: &[(&str, &str)]) -> String {
     let env: Vec<_> = env.iter().map(|(k, v)| (*k, Some(v.as_ref()))).collect();
-    let (passed, text) = common::child_test("worker_start_child", &env);
+    let (passed, text) = common::child_test(module_path!(), "worker_start_child", &env);
     assert!(passed, "{text}");
     text
 }
@@ -1477,6 +1480,7 @@ fn import_hooks_of_the_environment_work_in_workers() {
     )
     .unwrap();
     let (_, text) = common::child_test(
+        module_path!(),
         "import_hook_child",
         &[("PYOP_PYTHON_ENV", Some(venv.as_os_str()))],
     );

@@ -114,12 +114,31 @@ pub fn rss_bytes() -> usize {
     pages * 4096
 }
 
-/// Runs the ignored test `name` of this test binary in a child process, with `env` changed
-/// (`None` removes a variable), for what must not share a process with the other tests; returns
-/// whether it passed, and its stdout and stderr together.
-pub fn child_test(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> (bool, String) {
+/// The name libtest knows the test `name` of `module` (the caller's `module_path!()`) by: the
+/// module path without the crate, so `in_process::executor_tests` + `f` is
+/// `executor_tests::f`, and a test at the root of its own binary is just `f`.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Runs the ignored test `name` of `module` (the caller's `module_path!()`) in a child process of
+/// this test binary, with `env` changed (`None` removes a variable), for what must not share a
+/// process with the other tests; returns whether it passed, and its stdout and stderr together.
+pub fn child_test(
+    module: &str,
+    name: &str,
+    env: &[(&str, Option<&std::ffi::OsStr>)],
+) -> (bool, String) {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", name, "--nocapture"]);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        &test_name(module, name),
+        "--nocapture",
+    ]);
     for &(key, value) in env {
         match value {
             Some(v) => cmd.env(key, v),
@@ -131,6 +150,11 @@ pub fn child_test(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> (bool
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    // A name that matches no test would pass with nothing run.
+    assert!(
+        text.contains("running 1 test\n"),
+        "the child test {name} did not run:\n{text}"
     );
     (out.status.success(), text)
 }

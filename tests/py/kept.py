@@ -1,4 +1,4 @@
-"""A body that keeps its writable `out` past the call (tests/numpy_tests.rs)."""
+"""A body that keeps its writable `out` past the call (tests/in_process/numpy_tests.rs)."""
 
 kept = []
 

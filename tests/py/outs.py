@@ -1,4 +1,4 @@
-"""Bodies that write into `out` in each of its forms (tests/numpy_tests.rs): each records the
+"""Bodies that write into `out` in each of its forms (tests/in_process/numpy_tests.rs): each records the
 address of every buffer it was given, which `out_addresses` hands back to Rust."""
 
 import numpy as np

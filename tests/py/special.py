@@ -1,4 +1,4 @@
-"""Numpy-mode bodies with registered gradients, for tests/grad_tests.rs."""
+"""Numpy-mode bodies with registered gradients, for tests/in_process/grad_tests.rs."""
 
 import math
 

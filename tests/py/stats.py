@@ -1,4 +1,4 @@
-"""Bodies for tests/numpy_tests.rs, embedded at compile time with `file = ...`."""
+"""Bodies for tests/in_process/numpy_tests.rs, embedded at compile time with `file = ...`."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Bodies for tests/executor_tests.rs: events between threads, views kept past a call."""
+"""Bodies for tests/in_process/executor_tests.rs: events between threads, views kept past a call."""
 
 import queue
 import threading

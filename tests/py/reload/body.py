@@ -1,5 +1,5 @@
 """Bodies declared with #[py_op(file = ...)] and hot reloaded in a child process
-(tests/reload_tests.rs edits K, then restores this text)."""
+(tests/in_process/reload_tests.rs edits K, then restores this text)."""
 
 K = 2
 

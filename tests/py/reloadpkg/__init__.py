@@ -1,4 +1,4 @@
-"""A #[py_op(package = ...)] body; tests/reload_tests.rs adds `extra.py` under hot reload."""
+"""A #[py_op(package = ...)] body; tests/in_process/reload_tests.rs adds `extra.py` under hot reload."""
 
 
 def pkg_body(x):

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use pyop::candle::{DType, Device, Tensor, Var};
 use pyop::{expose, py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, Value};
 
-mod common;
+use crate::common;
 use common::{data_ptr, scalar, within};
 
 // --- no deadlocks ---
@@ -121,7 +121,7 @@ fn gil_release_child() {
 
 #[test]
 fn candle_work_in_a_body_runs_without_the_gil() {
-    let (passed, text) = common::child_test("gil_release_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "gil_release_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
@@ -464,7 +464,7 @@ fn an_error_under_an_armed_limit_is_not_a_timeout() {
 
 #[test]
 fn the_switch_interval_is_short_only_while_a_limit_is_armed() {
-    let (passed, text) = common::child_test("switch_interval_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "switch_interval_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
@@ -810,6 +810,7 @@ fn short_lived_threads_child() {
 #[test]
 fn threads_that_end_free_their_thread_states() {
     let (passed, text) = common::child_test(
+        module_path!(),
         "short_lived_threads_child",
         &[("PYOP_TEST_THREADS", Some("100000".as_ref()))],
     );
@@ -861,7 +862,7 @@ fn parked_threads_child() {
 #[test]
 fn the_program_ends_while_threads_hold_thread_states() {
     let started = Instant::now();
-    let (passed, text) = common::child_test("parked_threads_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "parked_threads_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
     assert!(!text.contains("Fatal Python error"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(30), "{text}");
@@ -900,6 +901,6 @@ fn watchdog_pool_child() {
 /// thread's next call.
 #[test]
 fn the_watchdog_interrupts_a_body_on_a_pool_thread() {
-    let (passed, text) = common::child_test("watchdog_pool_child", &[]);
+    let (passed, text) = common::child_test(module_path!(), "watchdog_pool_child", &[]);
     assert!(passed && text.contains("child: ok"), "{text}");
 }

@@ -5,7 +5,7 @@
 use pyop::candle::{DType, Device, Tensor};
 use pyop::{Arg, ErrorKind, OutSpec, PyOp};
 
-mod common;
+use crate::common;
 use common::{cpu, data_ptr, tensor_op};
 
 fn op(code: &str, tout: &[OutSpec]) -> PyOp {
@@ -860,6 +860,7 @@ fn dlpack_needs_no_numpy() {
     )
     .unwrap();
     let (ok, out) = common::child_test(
+        module_path!(),
         "dlpack_without_numpy_child",
         &[("PYTHONPATH", Some(dir.path().as_os_str()))],
     );

@@ -359,14 +359,14 @@ fn ops_without_a_gradient() {
 // --- one declaration for every float dtype ---
 
 /// A body's text shared by two declarations: a `const` and `include_str!`.
-const SOFTSIGN_SQ: &str = include_str!("py/poly.py");
+const SOFTSIGN_SQ: &str = include_str!("../py/poly.py");
 
 /// `like(x)`: the output has `x`'s dtype and shape, whatever they are on a call.
 #[py_op(code = SOFTSIGN_SQ, tout = like(x))]
 fn softsign_sq(x: &Tensor) -> pyop::Result<Tensor>;
 
 /// `x.dtype[_, 2]`: `x`'s dtype, a shape of its own; the body comes from `include_str!`.
-#[py_op(code = include_str!("py/poly.py"), name = "softsign_sq", tout = x.dtype[_, 2])]
+#[py_op(code = include_str!("../py/poly.py"), name = "softsign_sq", tout = x.dtype[_, 2])]
 fn softsign_sq_rows(x: &Tensor) -> pyop::Result<Tensor>;
 
 /// Numpy mode takes an argument's dtype too, checked at call time against what NumPy holds.
@@ -462,7 +462,7 @@ fn gradcheck_in_f32_names_the_step_its_dtype_allows() {
 
 // --- promises of tensor mode, checked by address and by graph ---
 
-mod common;
+use crate::common;
 use common::data_ptr;
 
 #[py_op(code = "def same(x):\n    return x", tout = f32)]

@@ -3,7 +3,7 @@
 use pyop::candle::{DType, Tensor, Var};
 use pyop::{gradcheck, py_op, Arg, ErrorKind, GradCheck, GradientCall, OutSpec, PyOp};
 
-mod common;
+use crate::common;
 use common::{cpu, data_ptr};
 
 fn f64s(v: &[f64]) -> Tensor {

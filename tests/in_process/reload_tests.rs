@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pyop::candle::{DType, Device, Tensor};
 use pyop::{Arg, OutSpec, PyOp};
 
-mod common;
+use crate::common;
 
 fn hot() {
     // The same switch as PYOP_HOT_RELOAD=1, without changing the environment of a process whose
@@ -134,7 +134,7 @@ fn sibling(x: &Tensor) -> pyop::Result<Tensor>;
 #[pyop::py_op(package = "tests/py/reloadpkg", name = "pkg_body", numpy, tout = f64)]
 fn pkg_body(x: &Tensor) -> pyop::Result<Tensor>;
 
-const BODY_PY: &str = include_str!("py/reload/body.py");
+const BODY_PY: &str = include_str!("../py/reload/body.py");
 
 /// The child's copy of a fixture: the declared ops read their sources from a copy of the
 /// fixtures the parent made (`RELOAD_ROOT`), so the tracked files are never edited, even by a
@@ -226,28 +226,14 @@ fn declared_ops_reload_with_pyop_hot_reload() {
         let _ = std::fs::remove_dir_all(tmp.path().join("tests"));
         copy("tests/py/reload");
         copy("tests/py/reloadpkg");
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--ignored",
-            "--exact",
-            "hot_reload_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("EXPECT_RELOAD", expect)
-        .env("RELOAD_ROOT", tmp.path())
-        .env_remove("PYOP_HOT_RELOAD");
-        if let Some(v) = var {
-            cmd.env("PYOP_HOT_RELOAD", v);
-        }
-        let out = cmd.output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let env = [
+            ("EXPECT_RELOAD", Some(expect.as_ref())),
+            ("RELOAD_ROOT", Some(tmp.path().as_os_str())),
+            ("PYOP_HOT_RELOAD", var.map(AsRef::as_ref)),
+        ];
+        let (passed, text) = common::child_test(module_path!(), "hot_reload_child", &env);
         assert!(
-            out.status.success() && text.contains("child: ok"),
+            passed && text.contains("child: ok"),
             "PYOP_HOT_RELOAD={var:?}:\n{text}"
         );
     }

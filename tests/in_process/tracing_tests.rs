@@ -4,7 +4,7 @@
 use pyop::candle::Tensor;
 use pyop::py_op;
 
-mod common;
+use crate::common;
 use common::scalar;
 
 #[py_op(code = "def scale(x, k):\n    return x * k", numpy, tout = f32)]

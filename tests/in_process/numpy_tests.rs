@@ -3,7 +3,7 @@
 use pyop::candle::{DType, Device, Tensor};
 use pyop::{py_op, Arg, ErrorKind, OutSpec, PyOp};
 
-mod common;
+use crate::common;
 use common::tables::{self, NUMPY_DTYPES};
 use common::{cpu, data_ptr};
 
@@ -543,7 +543,7 @@ mod reexport {
     pub use pyop as inner;
 }
 
-#[py_op(crate = "crate::reexport::inner", code = "def through(x):\n    return x + 1", numpy, tout = f64)]
+#[py_op(crate = "crate::numpy_tests::reexport::inner", code = "def through(x):\n    return x + 1", numpy, tout = f64)]
 fn through(x: &Tensor) -> pyop::Result<Tensor>;
 
 #[test]
