@@ -99,10 +99,25 @@ case "${1:-}" in
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
       exit 0
     fi
+    # The release build of the hardening scenarios (whose tree the GPU kit's build below shares)
+    # compiles beside the debug build and tests, at a lower priority: cargo locks target/debug
+    # and target/release apart, and the tests leave the CPUs idle while they wait on workers
+    # and child processes.
+    release_log=$(mktemp)
+    nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
+    release_pid=$!
+    trap 'kill "$release_pid" 2>/dev/null; report' EXIT
+    release_built() {
+      local rc=0
+      wait "$release_pid" || rc=$?
+      cat "$release_log"
+      return "$rc"
+    }
     # Every test and bench (as a test); the examples are built and run by tests/examples_tests.rs
     # (`--all-targets` would also build each example a second time, as a test harness).
     step "cargo test (every test, example and bench)" \
       cargo test --workspace --lib --bins --tests --benches
+    step "release build (the rest of it)" release_built
     # The audit's scenarios again in a release build, where candle's integer arithmetic and
     # shape products would wrap instead of panicking: pyop's checks must hold in both.
     step "release hardening" cargo test --release --test hardening

@@ -124,7 +124,8 @@ fi
 "$python" scripts/pack_python.py "$stage/python" "$root/.venv/bin/python"
 printf '%s\n' "python $pyver" "cuda $cuda" "commit $(git rev-parse --short HEAD 2>/dev/null || echo none)" \
   > "$stage/KIT"
-tar -C "$stage" -cJf "$kit_dir/kit.tar.xz.new" .
+# xz -3 on every CPU: 6 s here against 27 s for the default -6 on one, for 15 MiB instead of 13.
+tar -C "$stage" -I 'xz -T0 -3' -cf "$kit_dir/kit.tar.xz.new" .
 mv "$kit_dir/kit.tar.xz.new" "$kit_dir/kit.tar.xz"
 size=$(stat -c %s "$kit_dir/kit.tar.xz")
 echo "gpu-kit: $kit_dir/kit.tar.xz, $((size / 1024 / 1024)) MiB ($size bytes; the limit is 64 MiB)"
