@@ -106,7 +106,7 @@ case "${1:-}" in
     release_log=$(mktemp)
     nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
     release_pid=$!
-    trap 'kill "$release_pid" 2>/dev/null; report' EXIT
+    trap 'kill "$release_pid" 2>/dev/null || true; report' EXIT
     release_built() {
       local rc=0
       wait "$release_pid" || rc=$?
