@@ -85,6 +85,22 @@ case "${1:-}" in
       "$@"
       steps+=("$(printf '%-44s %5ds' "$name" $((SECONDS - t0)))")
     }
+    # The release build of the hardening scenarios (whose tree the GPU kit's build below shares)
+    # compiles from the start beside the other steps, at a lower priority: cargo locks
+    # target/debug and target/release apart, and clippy's and the debug build's serial phases,
+    # the tests waiting on workers and child processes, and mypy leave CPUs idle.
+    if [ -z "$quick" ]; then
+      release_log=$(mktemp)
+      nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
+      release_pid=$!
+      trap 'kill "$release_pid" 2>/dev/null || true; report' EXIT
+      release_built() {
+        local rc=0
+        wait "$release_pid" || rc=$?
+        cat "$release_log"
+        return "$rc"
+      }
+    fi
     step "cargo fmt --check" cargo fmt --all -- --check
     # Every Python file here, the ones embedded in the crates included (ruff.toml).
     step "ruff check, ruff format --check" \
@@ -99,28 +115,10 @@ case "${1:-}" in
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
       exit 0
     fi
-    # The release build of the hardening scenarios (whose tree the GPU kit's build below shares)
-    # compiles beside the debug build and tests, at a lower priority: cargo locks target/debug
-    # and target/release apart, and the tests leave the CPUs idle while they wait on workers
-    # and child processes.
-    release_log=$(mktemp)
-    nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
-    release_pid=$!
-    trap 'kill "$release_pid" 2>/dev/null || true; report' EXIT
-    release_built() {
-      local rc=0
-      wait "$release_pid" || rc=$?
-      cat "$release_log"
-      return "$rc"
-    }
     # Every test and bench (as a test); the examples are built and run by tests/examples_tests.rs
     # (`--all-targets` would also build each example a second time, as a test harness).
     step "cargo test (every test, example and bench)" \
       cargo test --workspace --lib --bins --tests --benches
-    step "release build (the rest of it)" release_built
-    # The audit's scenarios again in a release build, where candle's integer arithmetic and
-    # shape products would wrap instead of panicking: pyop's checks must hold in both.
-    step "release hardening" cargo test --release --test hardening
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
@@ -140,6 +138,10 @@ case "${1:-}" in
         runtime/src/body/importer.py runtime/src/bridge/shared/glue.py macros/src/check.py
     }
     step "mypy" mypy_all
+    step "release build (the rest of it)" release_built
+    # The audit's scenarios again in a release build, where candle's integer arithmetic and
+    # shape products would wrap instead of panicking: pyop's checks must hold in both.
+    step "release hardening" cargo test --release --test hardening
     # The GPU kit as it is carried to a GPU machine (scripts/gpu-kit.sh), built without CUDA
     # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
