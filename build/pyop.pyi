@@ -1,7 +1,7 @@
 # Type stub of the `pyop` module that #[py_op] bodies import: every function and `Tensor`
 # method, with parameter and return types, for editors and type checkers (mypy, pyright).
 # Written out by `pyop_build::write_python_stub("typings")` (see the README); kept equal to the
-# runtime module by a test (`tests/stub_tests.rs`).
+# runtime module by a test (`tests/in_process/stub_tests.rs`).
 
 from types import ModuleType
 from typing import Any, Optional, Sequence, Tuple, Union

@@ -90,13 +90,17 @@ case "${1:-}" in
     # target/debug and target/release apart, and clippy's and the debug build's serial phases,
     # the tests waiting on workers and child processes, and mypy leave CPUs idle.
     if [ -z "$quick" ]; then
+      # In a process group of its own, so that ending it (the script failed or was interrupted)
+      # ends its compilers too.
       release_log=$(mktemp)
-      nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
+      setsid nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
       release_pid=$!
-      trap 'kill "$release_pid" 2>/dev/null || true; report' EXIT
+      trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null || true
+            rm -f "$release_log"; report' EXIT
       release_built() {
         local rc=0
         wait "$release_pid" || rc=$?
+        release_pid=
         cat "$release_log"
         return "$rc"
       }
@@ -173,7 +177,8 @@ case "${1:-}" in
     # The tests live in the facade package, the code in pyop-runtime: cargo-mutants 27 runs its
     # unmutated baseline with the mutated package's tests only (where no `--test=in_process`
     # exists), so the baseline is skipped and the limits are set instead (a clean run of these
-    # tests takes about 40 s here; a mutant that hangs a body is cut off at 5 minutes).
+    # tests takes about 30 s here, the in-process binary's reload and tracing children included;
+    # a mutant that hangs a body is cut off at 5 minutes).
     # shellcheck disable=SC2086
     exec cargo mutants --workspace --test-workspace=true --no-shuffle "${select[@]}" "${guards[@]}" \
       --baseline=skip --timeout=300 --build-timeout=600 --output target ${MUTANTS_ARGS:-}

@@ -74,12 +74,16 @@ step() {
   echo
   echo "== $name"
   local t0; t0=$(date +%s)
-  if timeout 240 "$@"; then
+  local out; out=$(mktemp)
+  # A test filter that matches nothing passes with nothing run: that is a failure here.
+  if timeout 240 "$@" 2>&1 | tee "$out" && [ "${PIPESTATUS[0]}" = 0 ] \
+     && ! grep -q '^running 0 tests$' "$out"; then
     echo "-- $name: passed ($(( $(date +%s) - t0 )) s)"
   else
     echo "-- $name: FAILED ($(( $(date +%s) - t0 )) s)"
     failed+=("$name")
   fi
+  rm -f "$out"
 }
 
 cd "$work"

@@ -1,5 +1,6 @@
 //! Hot reload (`PYOP_HOT_RELOAD=1`, here `pyop::set_hot_reload(true)`): edits to a body's file or package show up without a
-//! rebuild; a broken edit keeps the last good body and reports why.
+//! rebuild; a broken edit keeps the last good body and reports why. Every test runs in a child
+//! process: the switch is the whole process's, and other test modules share this binary.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -36,6 +37,16 @@ fn pyop_check_interval() -> Duration {
 
 #[test]
 fn an_edited_file_is_reloaded() {
+    let (passed, text) =
+        common::child_test(module_path!(), "an_edited_file_is_reloaded_child", &[]);
+    assert!(passed, "{text}");
+}
+
+/// Run by `an_edited_file_is_reloaded` in a process of its own: hot reload, once on, stays on for
+/// every op the process builds after it, and the other test modules share this binary.
+#[test]
+#[ignore = "a child process of an_edited_file_is_reloaded"]
+fn an_edited_file_is_reloaded_child() {
     hot();
     let tmp = common::TempDir::new("reload-file");
     let dir = tmp.path();
@@ -100,6 +111,16 @@ fn an_edited_file_is_reloaded() {
 
 #[test]
 fn an_edited_package_is_reloaded() {
+    let (passed, text) =
+        common::child_test(module_path!(), "an_edited_package_is_reloaded_child", &[]);
+    assert!(passed, "{text}");
+}
+
+/// Run by `an_edited_package_is_reloaded` in a process of its own: hot reload, once on, stays on for
+/// every op the process builds after it, and the other test modules share this binary.
+#[test]
+#[ignore = "a child process of an_edited_package_is_reloaded"]
+fn an_edited_package_is_reloaded_child() {
     hot();
     let tmp = common::TempDir::new("reload-pkg");
     let dir = tmp.path();
@@ -241,6 +262,19 @@ fn declared_ops_reload_with_pyop_hot_reload() {
 
 #[test]
 fn an_edited_file_is_reloaded_in_workers() {
+    let (passed, text) = common::child_test(
+        module_path!(),
+        "an_edited_file_is_reloaded_in_workers_child",
+        &[],
+    );
+    assert!(passed, "{text}");
+}
+
+/// Run by `an_edited_file_is_reloaded_in_workers` in a process of its own: hot reload, once on, stays on for
+/// every op the process builds after it, and the other test modules share this binary.
+#[test]
+#[ignore = "a child process of an_edited_file_is_reloaded_in_workers"]
+fn an_edited_file_is_reloaded_in_workers_child() {
     hot();
     let tmp = common::TempDir::new("reload-workers");
     let path = tmp.path().join("wbody.py");
