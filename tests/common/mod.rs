@@ -107,6 +107,13 @@ pub fn tensor_op(name: &str, code: &str, tout: &[pyop::OutSpec]) -> pyop::Result
         .build()
 }
 
+/// Held by the tests that measure this process's resident memory and by those that make it grow
+/// by hundreds of MiB: the in-process test modules share one process.
+pub fn memory_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Resident memory of this process in bytes (Linux `/proc/self/statm`).
 pub fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();

@@ -149,6 +149,7 @@ fn an_exported_array_outlives_the_tensor() {
 
 #[test]
 fn the_legacy_protocol_and_unconsumed_capsules() {
+    let _memory = common::memory_lock();
     // A consumer of the pre-1.0 protocol gets a `dltensor` capsule; NumPy reads it too.
     let legacy = op(
         "class Legacy:\n    def __init__(self, x):\n        self.x = x\n    def __dlpack__(self, **kw):\n        return self.x.__dlpack__()\n    def __dlpack_device__(self):\n        return self.x.__dlpack_device__()\n\

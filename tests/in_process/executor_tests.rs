@@ -557,6 +557,7 @@ enum Expect {
 
 #[test]
 fn bad_input_table() {
+    let _memory = common::memory_lock();
     let f32_ = || vec![OutSpec::new(DType::F32)];
     let numpy = |code: &str, tout: Vec<OutSpec>| common::numpy_op("t", code, &tout);
     let tensor = |code: &str, tout: Vec<OutSpec>| common::tensor_op("t", code, &tout);

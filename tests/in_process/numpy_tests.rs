@@ -671,6 +671,7 @@ fn rss() -> usize {
 /// later write through what the body kept does not reach the tensor.
 #[test]
 fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_them() {
+    let _memory = common::memory_lock();
     let n = 100_000usize; // 400 KB of f32
     let x = Tensor::arange(0f32, n as f32, &cpu()).unwrap();
     let plus1: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
