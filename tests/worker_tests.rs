@@ -825,6 +825,98 @@ fn forked_workers_get_the_programs_directory_and_environment_now() {
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
+/// Run by `a_forked_worker_that_cannot_set_itself_up_ends_forking`: the program's environment
+/// holds an entry that glibc's `putenv` takes and Python cannot (a name with `=` in it), so every
+/// worker the zygote forks fails while it copies the program's environment, and exits.
+#[test]
+#[ignore = "a child process of a_forked_worker_that_cannot_set_itself_up_ends_forking"]
+fn unsettable_env_child() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tracing_subscriber::layer::SubscriberExt;
+    /// Counts pyop's debug event for a forked worker that did not start.
+    struct FailedForks(Arc<AtomicUsize>);
+    struct Message(String);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for FailedForks {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            if m.0 == "pyop worker forked by the zygote did not start" {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+    let failed = Arc::new(AtomicUsize::new(0));
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(FailedForks(failed.clone())),
+    )
+    .unwrap();
+    // SAFETY: this child process runs this one test, and no other thread reads or writes the
+    // environment yet; glibc keeps the pointer, which is static.
+    let put = unsafe { libc::putenv(c"=PYOP_TEST=1".as_ptr().cast_mut()) };
+    assert_eq!(put, 0);
+    let pool = WorkerPool::new(3);
+    let op = worker_op(
+        &pool,
+        "unforked",
+        "def f(x):
+    return x + 1",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    assert_eq!(
+        op.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [2.]
+    );
+    op.start_workers().unwrap();
+    // Every worker started as the program's own child, and the zygote was asked to fork once:
+    // after a forked worker failed, it forks no more.
+    let pids = pool.idle_pids();
+    assert_eq!(pids.len(), 3);
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let ppid: u32 = stat
+            .rsplit(") ")
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            ppid,
+            std::process::id(),
+            "worker {pid} is the program's child"
+        );
+    }
+    assert_eq!(failed.load(Ordering::SeqCst), 1, "forks that failed");
+    println!("child: ok");
+}
+
+/// A worker the zygote forked that cannot set itself up (here, the program's environment has an
+/// entry Python refuses) fails no call: it starts directly instead, and so do all later workers
+/// (mutation testing of `worker/zygote.rs`: `stop_spawning` emptied, and its flag ignored, went
+/// unnoticed).
+#[test]
+fn a_forked_worker_that_cannot_set_itself_up_ends_forking() {
+    let (passed, text) = common::child_test(module_path!(), "unsettable_env_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
+}
+
 // --- a pool shared by declared ops ---
 
 #[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
