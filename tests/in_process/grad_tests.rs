@@ -527,3 +527,30 @@ fn rust_gradients_are_checked_for_shape_and_dtype() {
         assert!(err.to_string().contains(want), "{err}");
     }
 }
+
+/// A numpy-mode op with a registered gradient whose tracked input is a broadcast too large to
+/// copy (2^40 elements of one), returned as it is: both are views, but autograd packs the
+/// tracked inputs and float outputs into one buffer, and that copy is refused before it is made,
+/// as a `MemoryError` naming the size (mutation testing of `alloc.rs`: `Refusal`'s Display
+/// emptied went unnoticed; no test reached this check).
+#[test]
+fn inputs_and_outputs_too_large_to_pack_for_the_gradient_are_refused_with_their_size() {
+    let huge = PyOp::builder("huge_same")
+        .code("def huge_same(x):\n    return x\ndef huge_same_grad(x, y, dy):\n    return dy")
+        .numpy()
+        .gradient("huge_same_grad")
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = Var::new(&[1f32], &cpu()).unwrap();
+    let wide = x.as_tensor().broadcast_as(1usize << 40).unwrap();
+    let err = huge.call(&[Arg::from(&wide)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(
+        err.to_string().contains(
+            "MemoryError: the tracked inputs and float outputs, packed for the gradient: \
+             Unable to allocate 8192.00 GiB"
+        ),
+        "{err}"
+    );
+}

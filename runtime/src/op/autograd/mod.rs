@@ -92,7 +92,7 @@ pub(crate) fn attach(
         crate::error::Error::op_failure(
             Some(op.name.as_str()),
             crate::error::ErrorKind::ResourceExhausted,
-            format!("MemoryError: the outputs, packed for the gradient: {refusal}"),
+            format!("MemoryError: the tracked inputs and float outputs, packed for the gradient: {refusal}"),
         )
     })?;
     let packed_in = pack(tracked_in.iter().map(|&i| &originals[i]), f)?;
