@@ -1120,6 +1120,32 @@ fn a_worker_that_cannot_start_is_a_clear_error() {
         // A machine with one Python (the README's fresh machine) has no other version to start.
         None => eprintln!("skipped the other-version case: no Python of another version here"),
     }
+    // An interpreter that runs as a child of the process started (a wrapper script without
+    // `exec`): the program would signal, wait for and watch the wrapper, not the worker, so the
+    // worker is refused at its start (mutation testing of `process.rs`: the pid check dropped
+    // went unnoticed).
+    let python = running.executable.clone().expect("the program's python");
+    let tmp = common::TempDir::new("wrapped-python");
+    let wrapper = tmp.path().join("python-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\n'{}' \"$@\"\n", python.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let text = start_child(&[("PYOP_WORKER_PYTHON", wrapper.to_str().unwrap())]);
+    assert!(text.contains("kind: PythonUnavailable"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "cannot start a worker: {} said it is pid ",
+            wrapper.display()
+        )) && text.contains(", but it was started as "),
+        "{text}"
+    );
     // The program's own interpreter without its environment: no NumPy there. The error names
     // the environment and the command that fixes it.
     let text = start_child(&[("PYOP_PYTHON_ENV", "none")]);
