@@ -917,6 +917,33 @@ fn a_forked_worker_that_cannot_set_itself_up_ends_forking() {
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
+/// A worker keeps each op's module between calls, also while it runs other ops' bodies: loading
+/// op B does not unload op A, whose module state goes on (mutation testing of `process.rs`:
+/// `ensure_loaded` forgetting every other op's module went unnoticed).
+#[test]
+fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let counter = |name: &str| {
+        worker_op(
+            &pool,
+            name,
+            "n = [0]\ndef f(x):\n    n[0] += 1\n    return np.int64(n[0])",
+            &[OutSpec::new(DType::I64)],
+        )
+    };
+    let (a, b) = (counter("count_a"), counter("count_b"));
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let next = |op: &PyOp| {
+        op.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_scalar::<i64>()
+            .unwrap()
+    };
+    let got = [next(&a), next(&a), next(&b), next(&a), next(&b)];
+    assert_eq!(got, [1, 2, 1, 3, 2], "each op's count, in one worker");
+    assert_eq!(pool.stats().started, 1);
+}
+
 // --- a pool shared by declared ops ---
 
 #[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
