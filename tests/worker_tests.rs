@@ -944,6 +944,54 @@ fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
     assert_eq!(pool.stats().started, 1);
 }
 
+/// Bytes of the program's shared-memory arenas that are mapped now.
+fn arena_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("pyop-worker-arena"))
+        .map(|l| {
+            let (start, end) = l.split(' ').next().unwrap().split_once('-').unwrap();
+            usize::from_str_radix(end, 16).unwrap() - usize::from_str_radix(start, 16).unwrap()
+        })
+        .sum()
+}
+
+/// One large call does not pin its memory for the worker's life: after 32 calls in a row that
+/// use under a quarter of an arena of 8 MiB or more, the program drops the input arena and gives
+/// the worker a small result arena (mutation testing of `process.rs`: `note_use` emptied, or
+/// counting the other arena, went unnoticed).
+#[test]
+fn arenas_shrink_after_a_large_call() {
+    let _s = serial();
+    let before = arena_bytes();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "shrink",
+        "def f(x):\n    return x + 1",
+        &[OutSpec::new(DType::F32)],
+    );
+    let big = Tensor::zeros(4 << 20, DType::F32, &cpu()).unwrap(); // 16 MiB
+    op.call(&[Arg::from(&big)]).unwrap();
+    let large = arena_bytes() - before;
+    assert!(
+        large >= 32 << 20,
+        "an input and a result arena of 16 MiB: {large}"
+    );
+    let small = Tensor::new(&[1f32; 16], &cpu()).unwrap();
+    for _ in 0..31 {
+        op.call(&[Arg::from(&small)]).unwrap();
+    }
+    assert_eq!(arena_bytes() - before, large, "kept for 31 small calls");
+    for _ in 0..2 {
+        op.call(&[Arg::from(&small)]).unwrap();
+    }
+    // Two arenas of the smallest size (1 MiB) serve the small calls now.
+    let after = arena_bytes() - before;
+    assert_eq!(after, 2 << 20, "after 33 small calls");
+}
+
 // --- a pool shared by declared ops ---
 
 #[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
