@@ -918,8 +918,9 @@ fn a_forked_worker_that_cannot_set_itself_up_ends_forking() {
 }
 
 /// A worker keeps each op's module between calls, also while it runs other ops' bodies: loading
-/// op B does not unload op A, whose module state goes on (mutation testing of `process.rs`:
-/// `ensure_loaded` forgetting every other op's module went unnoticed).
+/// op B, or unloading it once B is dropped, does not unload op A, whose module state goes on
+/// (mutation testing of `process.rs`: `ensure_loaded` and `unload` forgetting every other op's
+/// module went unnoticed).
 #[test]
 fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
     let _s = serial();
@@ -933,7 +934,23 @@ fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
         )
     };
     let (a, b) = (counter("count_a"), counter("count_b"));
+    // A body whose module fails to load in a worker (the program's build loads it too, and
+    // passes), once per worker: the failure is kept and given again.
+    let tmp = common::TempDir::new("failed-loads");
+    let loads = tmp.path().join("loads");
+    let broken = worker_op(
+        &pool,
+        "broken_load",
+        &format!(
+            "import os\nif os.getpid() != {}:\n    open({:?}, 'a').write('x')\n    \
+             raise ValueError('broken')\ndef f(x):\n    return x",
+            std::process::id(),
+            loads.to_str().unwrap()
+        ),
+        &[OutSpec::new(DType::F32)],
+    );
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    assert!(broken.call(&[Arg::from(&x)]).is_err());
     let next = |op: &PyOp| {
         op.call(&[Arg::from(&x)]).unwrap()[0]
             .to_scalar::<i64>()
@@ -941,6 +958,16 @@ fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
     };
     let got = [next(&a), next(&a), next(&b), next(&a), next(&b)];
     assert_eq!(got, [1, 2, 1, 3, 2], "each op's count, in one worker");
+    // Op B dropped: the worker unloads its module before its next call, and only that module.
+    drop(b);
+    assert_eq!(next(&a), 4, "op A's module after op B's was unloaded");
+    let err = broken.call(&[Arg::from(&x)]).unwrap_err();
+    assert!(err.to_string().contains("in a worker: broken"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&loads).unwrap(),
+        "x",
+        "the failed load ran once"
+    );
     assert_eq!(pool.stats().started, 1);
 }
 
