@@ -713,9 +713,15 @@ fn workers_fork_from_one_single_threaded_zygote() {
 #[test]
 #[ignore = "a child process of without_the_zygote_workers_are_the_programs_children"]
 fn no_zygote_child() {
-    let f = family(&WorkerPool::new(1));
+    let pool = WorkerPool::new(1);
+    let f = family(&pool);
     assert_eq!(f[1], i64::from(std::process::id()));
     assert_eq!(f[2], f[0]);
+    // An idle worker of the program's own is seen to live (`waitid` without reaping it), and
+    // serves the next call (mutation testing of `process.rs`: `exited` true for a live child
+    // went unnoticed: every call started a new worker).
+    assert_eq!(family(&pool)[0], f[0], "the same worker");
+    assert_eq!(pool.stats().started, 1);
     println!("child: ok");
 }
 
@@ -1017,6 +1023,35 @@ fn arenas_shrink_after_a_large_call() {
     // Two arenas of the smallest size (1 MiB) serve the small calls now.
     let after = arena_bytes() - before;
     assert_eq!(after, 2 << 20, "after 33 small calls");
+}
+
+/// A worker that closes its connection but lives on (a body that closed every descriptor) fails
+/// its call, is killed, and is said to be so, not to have crashed (mutation testing of
+/// `process.rs`: `reap`'s `exited` guards forced went unnoticed).
+#[test]
+fn a_worker_that_closes_its_connection_is_killed_and_said_to_be() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "hangs_up",
+        "import os, time\ndef f(x):\n    os.closerange(3, 65536)\n    time.sleep(30)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let started = Instant::now();
+    let err = op.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WorkerLost, "{err}");
+    assert!(
+        err.to_string()
+            .contains("closed its connection and was killed"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 // --- a pool shared by declared ops ---
