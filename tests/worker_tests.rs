@@ -776,6 +776,37 @@ fn dead_zygote_child() {
         family(&WorkerPool::new(1))[1],
         i64::from(std::process::id())
     );
+    // A worker of the dead zygote past its time limit is killed through its pidfd (not through
+    // its group, whose id may name another group by now), and one that exits is said to have
+    // exited, how being unknown (mutation testing of `process.rs`: `signal_forked` emptied, and
+    // `reap`'s guard for it, went unnoticed).
+    let b_pid = b.idle_pids()[0];
+    let spin = worker_op(
+        &b,
+        "spin",
+        "def f(x):\n    while True:\n        pass",
+        &[OutSpec::new(DType::F32)],
+    );
+    let err = spin
+        .call_with(
+            &[Arg::from(&x)],
+            &CallOptions::new().timeout(Duration::from_millis(300)),
+        )
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(gone_soon(b_pid), "the timed-out worker {b_pid} lives on");
+    let exits = worker_op(
+        &a,
+        "exits",
+        "import os\ndef f(x):\n    os._exit(3)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let err = exits.call(&[Arg::from(&x)]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("had exited (how is unknown: its zygote is gone)"),
+        "{err}"
+    );
     // Ending worker A ends what its body started, with no zygote to keep its group's id.
     a.shutdown();
     assert!(
@@ -1017,6 +1048,24 @@ fn arenas_shrink_after_a_large_call() {
         op.call(&[Arg::from(&small)]).unwrap();
     }
     assert_eq!(arena_bytes() - before, large, "kept for 31 small calls");
+    // Calls that use more than a quarter of them do not count (and reset the count).
+    let half = Tensor::zeros(2 << 20, DType::F32, &cpu()).unwrap(); // 8 MiB
+    for _ in 0..33 {
+        op.call(&[Arg::from(&half)]).unwrap();
+    }
+    assert_eq!(
+        arena_bytes() - before,
+        large,
+        "kept for 33 calls of half their size"
+    );
+    for _ in 0..31 {
+        op.call(&[Arg::from(&small)]).unwrap();
+    }
+    assert_eq!(
+        arena_bytes() - before,
+        large,
+        "kept for 31 small calls again"
+    );
     for _ in 0..2 {
         op.call(&[Arg::from(&small)]).unwrap();
     }
