@@ -1103,6 +1103,44 @@ fn a_worker_that_closes_its_connection_is_killed_and_said_to_be() {
     );
 }
 
+/// A failure of the worker's own machinery (here, a body that breaks it: the check that runs
+/// after every call replaced by one that raises) is said to the program, which fails that call
+/// and does not reuse the worker (mutation testing of `op/worker_call/mod.rs`: the worker kept
+/// went unnoticed).
+#[test]
+fn a_worker_whose_own_machinery_fails_is_not_reused() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "saboteur",
+        "import os, sys\ndef f(x, how):\n    if how == 'break':\n        \
+         def boom(self):\n            raise RuntimeError('the machinery broke')\n        \
+         sys._getframe(1).f_globals['_Views'].retained = boom\n    \
+         return np.array([os.getpid()], np.int64)",
+        &[OutSpec::new(DType::I64)],
+    );
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let pid = |how: &str| {
+        op.call(&[Arg::from(&x), Arg::Str(how)])
+            .map(|o| o[0].to_vec1::<i64>().unwrap()[0])
+    };
+    let first = pid("ok").unwrap();
+    let err = pid("break").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WorkerLost, "{err}");
+    assert!(
+        err.to_string().contains(
+            "worker 1 failed in its own code (RuntimeError: the machinery broke) and exited; \
+             the next call starts a new worker"
+        ),
+        "{err}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.running, s.lost), (0, 1), "{s:?}");
+    assert_ne!(pid("ok").unwrap(), first, "a new worker");
+    assert_eq!(pool.stats().started, 2);
+}
+
 // --- a pool shared by declared ops ---
 
 #[py_op(code = "import os\ndef pid_a(x):\n    return np.int64(os.getpid())\nimport numpy as np", numpy, workers = 1, pool = "shared", tout = i64)]
