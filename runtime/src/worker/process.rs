@@ -856,3 +856,34 @@ fn spawn_from_spawner(cmd: Command) -> std::io::Result<Child> {
     rx.recv()
         .map_err(|_| std::io::Error::other("the worker spawner thread is gone"))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each signal a worker commonly dies of is named (mutation testing: every arm deleted went
+    /// unnoticed but SIGSEGV's, which `worker_tests` provokes).
+    #[test]
+    fn exits_are_described_with_the_signal_named() {
+        let killed = |sig: i32| describe_exit(ExitStatus::from_raw(sig));
+        for (sig, name) in [
+            (libc::SIGSEGV, "SIGSEGV"),
+            (libc::SIGKILL, "SIGKILL"),
+            (libc::SIGABRT, "SIGABRT"),
+            (libc::SIGBUS, "SIGBUS"),
+            (libc::SIGFPE, "SIGFPE"),
+            (libc::SIGILL, "SIGILL"),
+            (libc::SIGTERM, "SIGTERM"),
+        ] {
+            assert_eq!(killed(sig), format!("was killed by signal {sig} ({name})"));
+        }
+        assert_eq!(
+            killed(libc::SIGUSR1),
+            format!("was killed by signal {}", libc::SIGUSR1)
+        );
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(3 << 8)),
+            "exited with status 3"
+        );
+    }
+}
