@@ -741,8 +741,9 @@ fn without_the_zygote_workers_are_the_programs_children() {
 #[test]
 #[ignore = "a child process of a_dead_zygote_fails_no_call"]
 fn dead_zygote_child() {
-    let (a, b) = (WorkerPool::new(1), WorkerPool::new(1));
+    let (a, b, c) = (WorkerPool::new(1), WorkerPool::new(1), WorkerPool::new(1));
     let zygote = family(&a)[1];
+    assert_eq!(family(&c)[1], zygote);
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
     // Worker A's body leaves a process running in A's group.
     let sleeper = worker_op(
@@ -805,6 +806,19 @@ fn dead_zygote_child() {
     assert!(
         err.to_string()
             .contains("had exited (how is unknown: its zygote is gone)"),
+        "{err}"
+    );
+    // One that closes its connection and lives on is killed, and said to be.
+    let hangs_up = worker_op(
+        &c,
+        "hangs_up",
+        "import os, time\ndef f(x):\n    os.closerange(3, 65536)\n    time.sleep(30)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let err = hangs_up.call(&[Arg::from(&x)]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("closed its connection and was killed"),
         "{err}"
     );
     // Ending worker A ends what its body started, with no zygote to keep its group's id.
