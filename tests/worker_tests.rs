@@ -339,15 +339,17 @@ fn module_state_is_per_worker_and_kept_views_stay_valid() {
 
 // --- crashes, hangs, kills: only the call fails, nothing is left ---
 
+/// The fields of `/proc/<pid>/stat` after the command name (state, parent, group, …); `None`
+/// once the process is reaped.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 fn alive(pid: u32) -> bool {
     // A reaped process has no /proc entry; a zombie's state is Z.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        Ok(stat) => {
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z')
-        }
-    }
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|state| state != "Z"))
 }
 
 /// Waits (up to 5 s) until the kernel reports the worker `pid` as exited to whoever waits for
@@ -393,13 +395,23 @@ fn reaped_soon(pid: u32) -> bool {
     true
 }
 
-/// The program's shared-memory arenas: mappings and open descriptors.
-fn arenas_here() -> usize {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let mapped = maps
+/// The program's shared-memory arena mappings: each one's address range.
+fn arena_mappings() -> Vec<(usize, usize)> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
         .lines()
         .filter(|l| l.contains("pyop-worker-arena"))
-        .count();
+        .map(|l| {
+            let (start, end) = l.split(' ').next().unwrap().split_once('-').unwrap();
+            let hex = |h| usize::from_str_radix(h, 16).unwrap();
+            (hex(start), hex(end))
+        })
+        .collect()
+}
+
+/// The program's shared-memory arenas: mappings and open descriptors.
+fn arenas_here() -> usize {
+    let mapped = arena_mappings().len();
     let fds = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -736,6 +748,10 @@ fn without_the_zygote_workers_are_the_programs_children() {
     assert!(passed && text.contains("child: ok"), "{text}");
 }
 
+/// A body that closes every descriptor of its worker (its connection among them) and lives on.
+const HANGS_UP: &str =
+    "import os, time\ndef f(x):\n    os.closerange(3, 65536)\n    time.sleep(30)";
+
 /// Run by `a_dead_zygote_fails_no_call`: the zygote is killed from outside while a worker it
 /// forked runs a call.
 #[test]
@@ -809,12 +825,7 @@ fn dead_zygote_child() {
         "{err}"
     );
     // One that closes its connection and lives on is killed, and said to be.
-    let hangs_up = worker_op(
-        &c,
-        "hangs_up",
-        "import os, time\ndef f(x):\n    os.closerange(3, 65536)\n    time.sleep(30)",
-        &[OutSpec::new(DType::F32)],
-    );
+    let hangs_up = worker_op(&c, "hangs_up", HANGS_UP, &[OutSpec::new(DType::F32)]);
     let err = hangs_up.call(&[Arg::from(&x)]).unwrap_err();
     assert!(
         err.to_string()
@@ -938,18 +949,9 @@ fn unsettable_env_child() {
     let pids = pool.idle_pids();
     assert_eq!(pids.len(), 3);
     for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let ppid: u32 = stat
-            .rsplit(") ")
-            .next()
-            .unwrap()
-            .split(' ')
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let parent: u32 = stat_fields(pid).unwrap()[1].parse().unwrap();
         assert_eq!(
-            ppid,
+            parent,
             std::process::id(),
             "worker {pid} is the program's child"
         );
@@ -1024,14 +1026,9 @@ fn a_workers_modules_stay_loaded_while_it_runs_other_ops() {
 
 /// Bytes of the program's shared-memory arenas that are mapped now.
 fn arena_bytes() -> usize {
-    std::fs::read_to_string("/proc/self/maps")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains("pyop-worker-arena"))
-        .map(|l| {
-            let (start, end) = l.split(' ').next().unwrap().split_once('-').unwrap();
-            usize::from_str_radix(end, 16).unwrap() - usize::from_str_radix(start, 16).unwrap()
-        })
+    arena_mappings()
+        .iter()
+        .map(|(start, end)| end - start)
         .sum()
 }
 
@@ -1095,12 +1092,7 @@ fn arenas_shrink_after_a_large_call() {
 fn a_worker_that_closes_its_connection_is_killed_and_said_to_be() {
     let _s = serial();
     let pool = WorkerPool::new(1);
-    let op = worker_op(
-        &pool,
-        "hangs_up",
-        "import os, time\ndef f(x):\n    os.closerange(3, 65536)\n    time.sleep(30)",
-        &[OutSpec::new(DType::F32)],
-    );
+    let op = worker_op(&pool, "hangs_up", HANGS_UP, &[OutSpec::new(DType::F32)]);
     let x = Tensor::new(&[1f32], &cpu()).unwrap();
     let started = Instant::now();
     let err = op.call(&[Arg::from(&x)]).unwrap_err();
