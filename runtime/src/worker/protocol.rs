@@ -149,6 +149,10 @@ pub(crate) enum Request<'a> {
         function: &'a str,
         args: Vec<WireArg<'a>>,
         out: Option<Vec<OutRef>>,
+        /// Whether the worker may check for its next request for a while after replying
+        /// (`worker.py`, `_wait_awake`): not while the machine is oversubscribed (`pace.rs`),
+        /// where a process that spins takes a core from one that works.
+        spin: bool,
     },
     /// Drop every module of `base` (its op is gone). Never answered.
     Unload { base: &'a str },
@@ -732,10 +736,11 @@ mod tests {
                 WireArg::None,
             ],
             out: None,
+            spin: true,
         };
         assert_eq!(
             String::from_utf8(frame(9, &call)).unwrap(),
-            r#"{"q":9,"m":{"op":"call","key":{"base":"a#1.0#2","generation":3},"function":"f","args":[{"t":{"at":64,"dtype":"float32","shape":[4],"strides":[0]}},{"u":[-1,18446744073709551615]},{"f":"nan"},{"f":"inf"},{"f":"-inf"},[true,"s"],0.5,null],"out":null}}"#
+            r#"{"q":9,"m":{"op":"call","key":{"base":"a#1.0#2","generation":3},"function":"f","args":[{"t":{"at":64,"dtype":"float32","shape":[4],"strides":[0]}},{"u":[-1,18446744073709551615]},{"f":"nan"},{"f":"inf"},{"f":"-inf"},[true,"s"],0.5,null],"out":null,"spin":true}}"#
         );
         let load = Request::Load {
             key: &key,

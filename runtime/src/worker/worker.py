@@ -57,6 +57,8 @@ def _start_guardian(sock_fd):
 _start_guardian(3)
 
 import json
+import json.encoder
+import json.scanner
 import linecache
 import mmap
 import pickle
@@ -66,6 +68,7 @@ import sys
 import traceback
 import types
 import weakref
+from array import array as _array_of
 from os import sched_yield as _sched_yield
 from select import select as _select
 from time import perf_counter as _perf_counter
@@ -158,9 +161,11 @@ def _recv_exact(n):
 # the wake-up a sleep costs, at least 100 µs and at most 2 ms; 100 µs where calls come seldom
 # (gaps over 2 ms). A check that found no request and got under half of this thread's core
 # (other processes were waiting for it: the machine is oversubscribed) turns checking off for
-# 100 ms, so the worker never takes a core from one that works (`pace.rs` is the program's side).
+# 100 ms, so the worker never takes a core from one that works; and it checks only when the last
+# call's request says the program saw a CPU free for it (`spin`: `pace.rs`, the program's side).
 _gap = 100e-6  # a moving average of the gaps, each counted up to 4 ms
 _spin_off_until = 0.0
+_spin = False  # whether the last call's request allowed checking (the program's judgement)
 
 
 def _wait_awake():
@@ -168,7 +173,7 @@ def _wait_awake():
     began (to time the gap)."""
     global _spin_off_until
     start = _perf_counter()
-    if start < _spin_off_until:
+    if not _spin or start < _spin_off_until:
         return start
     budget = 100e-6 if _gap > 2e-3 else min(max(3 * _gap, 100e-6), 2e-3)
     until = start + budget
@@ -186,23 +191,54 @@ def _wait_awake():
     return start
 
 
+# Room for the descriptors a frame can carry (one; four, as a bound).
+_FDS_ROOM = socket.CMSG_SPACE(4 * _array_of("i").itemsize)
+# JSON read and written by the C scanner and encoder themselves (`json.loads` and `json.dumps`
+# build them again on every call): the same text either way.
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _no_default(o):
+    raise TypeError("a reply holds a %s" % type(o).__name__)
+
+
+if json.encoder.c_make_encoder is not None:
+    _encode_json = json.encoder.c_make_encoder(
+        None, _no_default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+else:  # an interpreter without the _json accelerator
+    _encode_json = json.JSONEncoder(separators=(",", ":"), default=_no_default).iterencode
+
+
 def _recv_frame():
     if _forked:
         os._exit(0)
     global _gap
     waited = _perf_counter() if _is_zygote else _wait_awake()
     try:
-        head, fds, _flags, _addr = socket.recv_fds(_SOCK, 4, 4)
+        head, anc, _flags, _addr = _SOCK.recvmsg(4, _FDS_ROOM)
     except (ConnectionResetError, OSError):
         _exit_quietly()
     if not head:
         _exit_quietly()
     _gap += (min(_perf_counter() - waited, 4e-3) - _gap) / 4
+    fds = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = _array_of("i")
+            got.frombytes(data[: len(data) - len(data) % got.itemsize])
+            fds += got
     if len(head) < 4:
         head += _recv_exact(4 - len(head))
     n = int.from_bytes(head, "little")
-    frame = json.loads(_recv_exact(n))
-    if type(frame) is not dict or set(frame) != {"q", "m"} or type(frame["m"]) is not dict:
+    text = _recv_exact(n).decode()
+    try:
+        frame, end = _scan_json(text, 0)
+    except (StopIteration, ValueError):
+        frame, end = None, 0
+    if end != len(text) or type(frame) is not dict or frame.keys() != {"q", "m"}:
+        raise _ProtocolError("a frame is not {q, m} in JSON")
+    if type(frame["m"]) is not dict:
         raise _ProtocolError("a frame is not {q, m}")
     return frame["q"], _checked(frame["m"]), fds
 
@@ -218,7 +254,7 @@ _REQUESTS = {
     "reap": {"pid"},
     "arena": {"which", "size"},
     "unload": {"base"},
-    "call": {"key", "function", "args", "out"},
+    "call": {"key", "function", "args", "out", "spin"},
     "ping": {"key", "fns"},
 }
 _LOADS = {
@@ -229,18 +265,22 @@ _LOADS = {
 }
 
 
+# The same with "op" (and a load's "key" and "kind"), as compared.
+_FIELDS = {op: fields | {"op"} for op, fields in _REQUESTS.items()}
+_LOAD_FIELDS = {kind: fields | {"op", "key", "kind"} for kind, fields in _LOADS.items()}
+
+
 def _checked(msg):
     op = msg.get("op")
     if op == "load":
-        fields = _LOADS.get(msg.get("kind"))
-        fields = None if fields is None else fields | {"key", "kind"}
+        fields = _LOAD_FIELDS.get(msg.get("kind"))
     else:
-        fields = _REQUESTS.get(op)
-    if fields is None or set(msg) != fields | {"op"}:
+        fields = _FIELDS.get(op)
+    if fields is None or msg.keys() != fields:
         raise _ProtocolError("unexpected request %r with fields %s" % (op, sorted(msg)))
     if "key" in msg:
         key = msg["key"]
-        if type(key) is not dict or set(key) != {"base", "generation"}:
+        if type(key) is not dict or key.keys() != {"base", "generation"}:
             raise _ProtocolError("a module key is not {base, generation}")
         msg["key"] = (key["base"], key["generation"])
     return msg
@@ -249,7 +289,7 @@ def _checked(msg):
 def _send(header, payload=b""):
     if _forked:
         os._exit(0)
-    h = json.dumps({"q": _seq, "m": header}, separators=(",", ":")).encode()
+    h = "".join(_encode_json({"q": _seq, "m": header}, 0)).encode()
     body = len(h).to_bytes(4, "little") + h + payload
     _SOCK.sendall(len(body).to_bytes(4, "little") + body)
 
@@ -264,6 +304,7 @@ class _Arena:
         os.close(fd)
         self.size = size
         self.view = memoryview(self.map)
+        self.ro_array = None  # the read-only mapping as uint8, made by the first call's `_Views`
         # The mappings' addresses, to tell whether a result's buffer lies inside one.
         self.addrs = [_address(m) for m in (self.map, self.ro) if m is not None]
         _all_arenas.add(self)
@@ -355,19 +396,19 @@ def _load(msg):
 # --- arguments --------------------------------------------------------------------------------
 
 
+_TENSOR = {"at", "dtype", "shape", "strides"}
+
+
 def _decode(v, views):
     if type(v) is dict:
-        if (
-            set(v) == {"t"}
-            and type(v["t"]) is dict
-            and set(v["t"]) == {"at", "dtype", "shape", "strides"}
-        ):
-            t = v["t"]
-            return views.input(t["at"], t["dtype"], t["shape"], t["strides"])
-        if set(v) == {"u"}:
-            return tuple(_decode(x, views) for x in v["u"])
-        if set(v) == {"f"} and v["f"] in ("nan", "inf", "-inf"):
-            return float(v["f"])
+        if len(v) == 1:
+            t = v.get("t")
+            if type(t) is dict and t.keys() == _TENSOR:
+                return views.input(t["at"], t["dtype"], t["shape"], t["strides"])
+            if "u" in v:
+                return tuple(_decode(x, views) for x in v["u"])
+            if v.get("f") in ("nan", "inf", "-inf"):
+                return float(v["f"])
         raise _ProtocolError("unknown argument encoding " + repr(v)[:200])
     if type(v) is list:
         return [_decode(x, views) for x in v]
@@ -383,10 +424,16 @@ class _Views:
 
     def __init__(self):
         self.arena = _arenas[0]
-        self.ro = _np.frombuffer(self.arena.ro, dtype=_np.uint8)
+        # Made once per arena: a kept view makes the program send a fresh arena for the next
+        # call, so what is counted at the start of a call is this arena's references of its own.
+        # (No local name holds what is counted.)
+        if self.arena.ro_array is None:
+            self.arena.ro_array = _np.frombuffer(self.arena.ro, dtype=_np.uint8)
+        self.ro = self.arena.ro_array
         self.watched = [[self.ro, 0], [self.ro.base, 0], [self.arena.ro, 0]]
         self._count(self.watched)
         self.rw = None
+        self.inputs = []  # (view, offset) of each input handed to the body
 
     @staticmethod
     def _count(watched):
@@ -396,7 +443,12 @@ class _Views:
             w[1] = sys.getrefcount(w[0])
 
     def input(self, off, dtype, shape, strides):
-        return _np.ndarray(shape, _np.dtype(dtype), buffer=self.ro, offset=off, strides=strides)
+        dt = _DTYPES.get(dtype)
+        if dt is None:
+            dt = _DTYPES[dtype] = _np.dtype(dtype)
+        view = _np.ndarray(shape, dt, buffer=self.ro, offset=off, strides=strides)
+        self.inputs.append((view, off))
+        return view
 
     def out(self, off, dtype, shape):
         if self.rw is None:
@@ -408,10 +460,16 @@ class _Views:
         return self.rw[off : off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
 
     def retained(self):
+        # This object's own references to the inputs go first (the result is encoded by now).
+        self.inputs.clear()
         # A weak reference to an array or a mapping is a way back to it too.
-        return any(
-            sys.getrefcount(w[0]) > w[1] or weakref.getweakrefcount(w[0]) for w in self.watched
-        )
+        for w in self.watched:
+            if sys.getrefcount(w[0]) > w[1] or weakref.getweakrefcount(w[0]):
+                return True
+        return False
+
+
+_DTYPES = {}  # NumPy dtypes by the names the program sends
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -567,15 +625,25 @@ def _room(n, placed, to_copy, raw, need):
     return off + n
 
 
-def _encode(value):
+def _encode(value, views):
     """Pickles `value` with its large buffers out of band: each is named where it lies in the
     input arena, or copied into the result arena. A plain C-contiguous array of numbers, the
     common result, is sent without a pickle: its dtype, shape and buffer."""
     if type(value) is _np.ndarray and value.dtype.kind in "biufc" and value.flags.c_contiguous:
         placed, to_copy = [], []
         n = value.nbytes
-        addr = value.__array_interface__["data"][0]
-        need = _place(n, addr, placed, to_copy, value.reshape(-1).view(_np.uint8), 0)
+        raw = value.reshape(-1).view(_np.uint8)
+        for view, off in views.inputs:
+            if value is view and n:  # an input returned as it came: where it lies
+                placed.append([0, off, n])
+                need = 0
+                break
+        else:
+            if n and value.flags.owndata:  # memory NumPy allocated: in no arena
+                need = _room(n, placed, to_copy, raw, 0)
+            else:
+                addr = value.__array_interface__["data"][0]
+                need = _place(n, addr, placed, to_copy, raw, 0)
         return None, placed, to_copy, need, (value.dtype.str, list(value.shape))
     import io
 
@@ -664,6 +732,8 @@ def _exception_info(e, phase):
 
 
 def _call(msg):
+    global _spin
+    _spin = msg["spin"] is True
     module = _modules[msg["key"]]
     views = _Views()
     result, err, returned_out = _run(module, msg, views)
@@ -672,7 +742,7 @@ def _call(msg):
         _send({"s": "raised", "exc": err, "retained": views.retained()})
         return
     try:
-        payload, placed, to_copy, need, arr = _encode(result)
+        payload, placed, to_copy, need, arr = _encode(result, views)
     except BaseException as e:  # noqa: BLE001 - a result that cannot be pickled
         err = _exception_info(e, "result")
     del result
@@ -905,7 +975,9 @@ def _spawn(fd, env, cwd):
 
 
 def _become_worker(fd, env, cwd):
-    global _SOCK, _seq
+    global _SOCK, _seq, _is_zygote
+    # A worker now: it checks for its next request after each reply (the zygote does not).
+    _is_zygote = False
     _SOCK.close()
     os.set_inheritable(fd, False)
     _SOCK = socket.socket(fileno=os.dup(fd))

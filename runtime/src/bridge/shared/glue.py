@@ -62,10 +62,24 @@ def _plain_dtype(text):
     return dt
 
 
-def _array(dtype, shape, buffer):
-    import numpy
+# The dtypes `_array` was sent, checked (each a string a worker chose: the cache stops growing at
+# 64), and NumPy's `frombuffer` once NumPy is imported.
+_array_dtypes = {}
+_frombuffer = None
 
-    return numpy.frombuffer(buffer, dtype=_plain_dtype(dtype)).reshape(tuple(shape))
+
+def _array(dtype, shape, buffer):
+    global _frombuffer
+    dt = _array_dtypes.get(dtype)
+    if dt is None:
+        dt = _plain_dtype(dtype)
+        if len(_array_dtypes) < 64:
+            _array_dtypes[dtype] = dt
+    if _frombuffer is None:
+        import numpy
+
+        _frombuffer = numpy.frombuffer
+    return _frombuffer(buffer, dtype=dt).reshape(shape)
 
 
 def _scalar(dtype, data):

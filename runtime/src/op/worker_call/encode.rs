@@ -225,11 +225,16 @@ pub(crate) fn call<'a>(
             })
             .collect()
     });
+    #[cfg(target_os = "linux")]
+    let spin = crate::worker::pace::spinning_allowed();
+    #[cfg(not(target_os = "linux"))]
+    let spin = false;
     let call = protocol::encode(&Request::Call {
         key,
         function,
         args,
         out,
+        spin,
     });
     let inputs = (0..n_in).map(|i| (offsets[i], inputs.bytes(i))).collect();
     Ok(Encoded {
