@@ -357,9 +357,12 @@ fn pyloop_iters() -> usize {
     ((n as f64) * 1e-3 / per.as_secs_f64()).round().max(1.0) as usize
 }
 
-/// The loop of `PYLOOP_TIMED` in a plain `python -c` (the venv's interpreter), with
-/// NumPy imported as in a worker: the median of `calls` timed loops of `iters` iterations.
-fn python_process_loop(iters: usize, calls: usize) -> Duration {
+/// The loop of `PYLOOP_TIMED` in `procs` plain `python -c` processes at once (the venv's
+/// interpreter), with NumPy imported as in a worker: the median of `calls` timed loops of `iters`
+/// iterations in each, averaged over the processes. Two at once on two CPUs give the most two
+/// workers can do here: each runs the loop a little slower than one alone (the CPUs share the
+/// host's caches and memory).
+fn python_process_loop(iters: usize, calls: usize, procs: usize) -> Duration {
     let python = venv_python();
     let code = format!(
         "import time, numpy\n\
@@ -368,22 +371,33 @@ fn python_process_loop(iters: usize, calls: usize) -> Duration {
          ts = sorted(pyloop({iters}) for _ in range({calls}))\n\
          print(ts[len(ts) // 2])"
     );
-    let out = std::process::Command::new(python)
-        .args(["-c", &code])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Duration::from_secs_f64(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap(),
-    )
+    let children: Vec<_> = (0..procs)
+        .map(|_| {
+            std::process::Command::new(&python)
+                .args(["-c", &code])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let total: f64 = children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .sum();
+    Duration::from_secs_f64(total / procs as f64)
 }
 
 /// The venv's interpreter, as `scripts/dev.sh` sets it up (its NumPy), else `python3`.
@@ -745,7 +759,10 @@ fn main() {
     }
     if numpy_here {
         report("pyloop_inner_python", || {
-            python_process_loop(iters, calls.max(reps()))
+            python_process_loop(iters, calls.max(reps()), 1)
+        });
+        report("pyloop_inner_python_pair", || {
+            python_process_loop(iters, calls.max(reps()), 2)
         });
     }
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
