@@ -137,9 +137,10 @@ case "${1:-}" in
         MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
           --disable-error-code var-annotated --no-error-summary "$bodies"
       done
-      .venv/bin/python -m mypy --check-untyped-defs --ignore-missing-imports \
-        --disable-error-code var-annotated --no-error-summary runtime/src/worker/worker.py \
-        runtime/src/body/importer.py runtime/src/bridge/shared/glue.py macros/src/check.py
+      MYPYPATH=runtime/src/worker .venv/bin/python -m mypy --check-untyped-defs \
+        --ignore-missing-imports --disable-error-code var-annotated --no-error-summary \
+        runtime/src/worker/worker.py runtime/src/worker/host.py runtime/src/body/importer.py \
+        runtime/src/bridge/shared/glue.py macros/src/check.py
     }
     step "mypy" mypy_all
     step "release build (the rest of it)" release_built

@@ -17,8 +17,9 @@ use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
 use super::wire::{self, RecvError};
 
-/// The worker's main loop, sent to it at start.
-const WORKER_PY: &str = include_str!("worker.py");
+/// The worker's main loop, sent to it at start: what any process running bodies needs
+/// (`host.py`, which a Ray actor runs too), then the worker's own (`worker.py`).
+const WORKER_PY: &str = concat!(include_str!("host.py"), include_str!("worker.py"));
 
 /// What `python -c` runs, for a program embedding Python `version`: first the program's
 /// `sys.path` (its command line's arguments) replaces the worker's, before any import, so nothing

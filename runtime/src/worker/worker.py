@@ -1,6 +1,8 @@
 # The main loop of a pyop worker process (`runtime/src/worker/`). The parent starts
-# `python -c <bootstrap>`, which reads this file's text from fd 3 and runs it under the file
-# name `<pyop>` (its frames are left out of tracebacks, as in the program itself).
+# `python -c <bootstrap>`, which reads `host.py`'s text and then this file's from fd 3 and runs
+# them under the file name `<pyop>` (its frames are left out of tracebacks, as in the program
+# itself). `host.py` has what any process running bodies needs (loading them, their exceptions,
+# their results pickled); this file, the socket, the shared memory and the main loop.
 #
 # The protocol is `runtime/src/worker/protocol.rs`: every message either way is a type there, and
 # this file builds and reads exactly those fields (`_REQUESTS` lists what each request has; a
@@ -59,27 +61,26 @@ _start_guardian(3)
 import json
 import json.encoder
 import json.scanner
-import linecache
 import mmap
-import pickle
 import signal
 import socket
 import sys
 import traceback
-import types
 import weakref
 from array import array as _array_of
 from os import sched_yield as _sched_yield
 from select import select as _select
 from time import perf_counter as _perf_counter
 from time import thread_time as _thread_time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # defined by host.py, whose text runs before this file's (process.rs)
+    from host import _PYOP, _clean, _exception_info, _load_module, _Pickler, _PyopStub
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.
 _SOCK = socket.socket(fileno=os.dup(3))
 os.close(3)
-_PYOP = "<pyop>"
 _ALIGN = 64
 _MAX_PICKLE = (1 << 32) - (1 << 20)  # a frame's length is 4 bytes; room for the header
 _seq = 0  # the sequence number of the request being served
@@ -195,15 +196,16 @@ def _wait_awake():
 _FDS_ROOM = socket.CMSG_SPACE(4 * _array_of("i").itemsize)
 # JSON read and written by the C scanner and encoder themselves (`json.loads` and `json.dumps`
 # build them again on every call): the same text either way.
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def _no_default(o):
     raise TypeError("a reply holds a %s" % type(o).__name__)
 
 
-if json.encoder.c_make_encoder is not None:
-    _encode_json = json.encoder.c_make_encoder(
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
+if _c_make_encoder is not None:
+    _encode_json = _c_make_encoder(
         None, _no_default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
     )
 else:  # an interpreter without the _json accelerator
@@ -327,7 +329,7 @@ def _address(m):
 
 _arenas: list[Any] = [None, None]
 _modules = {}  # key -> module
-_np: Any = None  # NumPy, once imported
+_np: Any = None  # NumPy, once imported (the same global as host.py's: one namespace)
 
 
 def _map_or_exit(which, fds, size):
@@ -349,43 +351,18 @@ def _install_arena(which, fds, size):
     _arenas[which] = _Arena(fds[0], size, which == 0)
 
 
-# --- loading bodies ---------------------------------------------------------------------------
-
-
-def _cache_lines(filename, text, first_line):
-    lines = text.splitlines(keepends=True)
-    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+# --- loading bodies (host.py has the loading itself) -----------------------------------------
 
 
 def _load(msg):
     """Loads a body's module and says whether it loaded (before any call's time limit runs)."""
     key = msg["key"]
-    kind = msg["kind"]
     # An earlier generation of the same op's module (hot reload) is not needed again; another
     # op's module is never touched (bases are compared whole).
     for old in [k for k in _modules if k[0] == key[0]]:
         del _modules[old]
     try:
-        if kind == "module":
-            import importlib
-
-            module = importlib.import_module(msg["name"])
-        elif kind == "package":
-            _install_package(msg["name"], msg["root"], msg["files"], True)
-            import importlib
-
-            module = importlib.import_module(msg["module"])
-        else:
-            text = msg["text"]
-            filename = msg["filename"]
-            first = msg.get("first_line", 1)  # a file's text starts at its first line
-            if first > 1:
-                text = "\n" * (first - 1) + text
-            module = types.ModuleType("pyop_body_" + msg["op_name"])
-            module.__file__ = filename
-            if kind == "code":
-                _cache_lines(filename, text, first)
-            exec(compile(text, filename, "exec"), module.__dict__)
+        module = _load_module(msg, _install_package)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         _send({"s": "load_failed", "exc": _exception_info(e, "load")})
         return
@@ -472,135 +449,7 @@ class _Views:
 _DTYPES = {}  # NumPy dtypes by the names the program sends
 
 
-# --- results ----------------------------------------------------------------------------------
-
-# Values sent as they are.
-_PLAIN = (
-    int,
-    float,
-    bool,
-    complex,
-    str,
-    bytes,
-    bytearray,
-    list,
-    tuple,
-    dict,
-    set,
-    frozenset,
-    slice,
-    range,
-    type(None),
-)
-
-
-# Subclasses of the number and sequence types the output check reads (an IntEnum, a namedtuple)
-# are sent as their base type, read as the program reads them: through the base type's own slots
-# (the stored value), never through a method the subclass may override (`__int__`, `__iter__`,
-# `__getitem__`). Subclasses of the types it refuses (str, bytes, dict, set) are sent as stand-ins
-# of their own name, so the refusal names the same type as in the program.
-def _as_base(obj, t):
-    if issubclass(t, bool):
-        return bool(int.__int__(obj))
-    if issubclass(t, int):
-        return int.__int__(obj)
-    if issubclass(t, float):
-        return float.__float__(obj)
-    if issubclass(t, complex):
-        return complex(complex.__dict__["real"].__get__(obj), complex.__dict__["imag"].__get__(obj))
-    if issubclass(t, tuple):
-        return tuple.__getitem__(obj, slice(None))
-    if issubclass(t, list):
-        return list.__getitem__(obj, slice(None))
-    return None
-
-
-# The only classes and functions a reply's pickle may name: the plain types' constructors and
-# this module's own constructors of arrays, scalars and the values the output check refuses. No
-# NumPy reduce runs: an array travels as its dtype's string, its shape and its bytes, so the
-# program never rebuilds a dtype from a pickled state (which can claim an object dtype's bytes are
-# plain numbers). The program's unpickler accepts these and nothing else.
-_NAMED = {
-    ("builtins", "complex"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "bytearray"),
-    ("builtins", "slice"),
-    ("builtins", "range"),
-    ("builtins", "tuple"),
-    ("builtins", "list"),
-    ("builtins", "dict"),
-    ("builtins", "int"),
-    ("builtins", "float"),
-    ("builtins", "str"),
-    ("builtins", "bytes"),
-    ("builtins", "bool"),
-    ("_pyop_worker", "standin"),
-    ("_pyop_worker", "array"),
-    ("_pyop_worker", "scalar"),
-    ("_pyop_worker", "object_array"),
-    ("_pyop_worker", "structured"),
-    ("_pyop_worker", "masked"),
-}
-
-
-def _never(*args):  # the program's glue.py defines what these names do
-    raise RuntimeError("pyop worker constructor")
-
-
-_glue = types.ModuleType("_pyop_worker")
-sys.modules["_pyop_worker"] = _glue
-for _name in ("standin", "array", "scalar", "object_array", "structured", "masked"):
-    _f = types.FunctionType(_never.__code__, {}, _name)
-    _f.__module__ = "_pyop_worker"
-    _f.__qualname__ = _name
-    setattr(_glue, _name, _f)
-_standin = _glue.standin
-
-
-def _array_parts(a):
-    """A plain array as (dtype string, shape, its bytes out of band)."""
-    c = a if a.flags.c_contiguous else _np.ascontiguousarray(a)
-    return (c.dtype.str, tuple(c.shape), pickle.PickleBuffer(c.reshape(-1).view(_np.uint8)))
-
-
-class _Pickler(pickle.Pickler):
-    """Pickles what the output check needs: arrays (subclasses as plain arrays, masked arrays
-    with their masks), NumPy scalars, numbers, strings, lists, tuples and dicts. Anything else
-    becomes a stand-in of the same type name, which the parent's check describes as it would
-    the object itself (and refuses as the in-process check would). Every value is read through
-    its base type's own methods, as the program reads it, whatever a subclass overrides."""
-
-    def reducer_override(self, obj):
-        t = type(obj)
-        if t in _PLAIN:
-            return NotImplemented
-        if issubclass(t, (type, types.FunctionType, types.BuiltinFunctionType)):
-            name = (getattr(obj, "__module__", None), getattr(obj, "__qualname__", None))
-            if name in _NAMED:
-                return NotImplemented
-            return (_standin, (t.__qualname__, t.__module__))
-        if issubclass(t, _np.ndarray):
-            if issubclass(t, _np.ma.MaskedArray):
-                data = _np.ndarray.view(_np.ma.MaskedArray.data.fget(obj), _np.ndarray)
-                return (_glue.masked, (data, _np.asarray(_np.ma.getmaskarray(obj))))
-            a = obj if t is _np.ndarray else _np.ndarray.view(obj, _np.ndarray)
-            if a.dtype.fields is not None:
-                return (_glue.structured, (tuple(a.shape), a.dtype.descr))
-            if a.dtype.hasobject:
-                return (_glue.object_array, (tuple(a.shape),))
-            return (_glue.array, _array_parts(a))
-        if issubclass(t, _np.generic):
-            dtype = _np.generic.__dict__["dtype"].__get__(obj)
-            if dtype.fields is not None:
-                return (_glue.structured, ((), dtype.descr))
-            if dtype.hasobject:
-                return (_glue.object_array, ((),))
-            return (_glue.scalar, (dtype.str, _np.generic.tobytes(obj)))
-        base = _as_base(obj, t)
-        if base is not None:
-            return (type(base), (base,))
-        return (_standin, (t.__qualname__, getattr(t, "__module__", "") or ""))
+# --- results (host.py pickles them) -----------------------------------------------------------
 
 
 def _place(n, addr, placed, to_copy, raw, need):
@@ -660,75 +509,6 @@ def _encode(value, views):
         addr = _np.frombuffer(raw, dtype=_np.uint8).__array_interface__["data"][0] if n else 0
         need = _place(n, addr, placed, to_copy, raw, need)
     return payload, placed, to_copy, need, None
-
-
-def _clean(text):
-    """A string JSON (and the program) can take: lone surrogates escaped."""
-    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# What a body using the program's `pyop` module is told.
-_PYOP_HINT = (
-    "the pyop module (exposed Rust functions, nested ops, pyop.Tensor) lives in the "
-    "program, not in a worker process; run this op in-process (without `workers`) to "
-    "use it"
-)
-
-
-def _exception_info(e, phase):
-    t = type(e)
-    bases = [
-        c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)
-    ]
-    try:
-        message = str(e)
-    except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
-        try:
-            message = repr(e)
-        except BaseException:  # noqa: BLE001
-            message = ""
-    if (
-        isinstance(e, ImportError)
-        and getattr(e, "name", None) == "pyop"
-        and _PYOP_HINT not in message
-    ):
-        # `from pyop import Tensor` fails in the import machinery, which words it itself.
-        message = message + ": " + _PYOP_HINT
-    try:
-        frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if f.filename != _PYOP and not f.filename.startswith("<frozen importlib")
-        ]
-        # The worker loads a package by `importlib.import_module`: its frame, before any of the
-        # user's, is the worker's machinery (as in the program).
-        while frames and frames[0].filename.replace("\\", "/").endswith("importlib/__init__.py"):
-            del frames[0]
-        tb = "".join(traceback.format_list(frames))
-    except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted
-        tb = ""
-    syntax = None
-    if isinstance(e, SyntaxError):
-        try:
-            syntax = {
-                "msg": _clean(e.msg),
-                "location": _clean("".join(traceback.format_exception_only(type(e), e)[:-1])),
-            }
-        except BaseException:  # noqa: BLE001
-            syntax = None
-    name = None
-    if isinstance(e, ImportError) and isinstance(getattr(e, "name", None), str):
-        name = _clean(e.name)
-    return {
-        "type": _clean(t.__name__),
-        "module": _clean(getattr(t, "__module__", "") or ""),
-        "bases": bases,
-        "message": _clean(message),
-        "traceback": _clean("Traceback (most recent call last):\n" + tb) if tb else "",
-        "phase": phase,
-        "syntax": syntax,
-        "name": name,
-    }
 
 
 def _call(msg):
@@ -849,19 +629,6 @@ def _ping(msg):
     module = _modules.get(msg["key"])
     missing = [name for name in msg["fns"] if not callable(getattr(module, name, None))]
     _send({"s": "pong", "missing": missing})
-
-
-class _PyopStub(types.ModuleType):
-    """The `pyop` module in a worker: the program's own (exposed Rust functions, nested ops,
-    pyop.Tensor) lives in the program. Every attribute is missing, as `AttributeError` (what
-    `hasattr`, `getattr(m, name, default)` and `inspect` expect), saying why."""
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
-            "pyop." + name + " is not available: " + _PYOP_HINT, name=name, obj=self
-        )
 
 
 def _main():
