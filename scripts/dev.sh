@@ -70,6 +70,9 @@ case "${1:-}" in
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ruff>=0.8,<1'
     .venv/bin/python -m mypy --version >/dev/null 2>&1 \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
+    # Ray (from PyPI) for the tests of Ray pools, which start a two-node cluster of this machine.
+    .venv/bin/python -c 'import ray' 2>/dev/null \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ray>=2.40,<3'
     # Each step's time, printed at the end (also when a step fails).
     steps=()
     started=$SECONDS
@@ -140,7 +143,8 @@ case "${1:-}" in
       MYPYPATH=runtime/src/worker .venv/bin/python -m mypy --check-untyped-defs \
         --ignore-missing-imports --disable-error-code var-annotated --no-error-summary \
         runtime/src/worker/worker.py runtime/src/worker/host.py runtime/src/body/importer.py \
-        runtime/src/bridge/shared/glue.py macros/src/check.py
+        runtime/src/bridge/shared/glue.py runtime/src/bridge/ray/actor.py \
+        runtime/src/bridge/ray/driver.py macros/src/check.py
     }
     step "mypy" mypy_all
     step "release build (the rest of it)" release_built

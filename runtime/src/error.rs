@@ -52,9 +52,13 @@ pub enum ErrorKind {
     Validation,
     /// An error from candle.
     Candle,
-    /// A worker process died while running the call (a crash, `os._exit`, a kill from outside);
-    /// the pool replaces it.
+    /// A worker process died while running the call (a crash, `os._exit`, a kill from outside),
+    /// or a Ray pool's actor or its node was lost during it; the pool replaces it.
     WorkerLost,
+    /// A Ray pool's cluster cannot be used: Ray is not installed in the program's environment,
+    /// the cluster cannot be reached, or its nodes run another Python X.Y, NumPy or Ray than
+    /// the program. The message names the fix.
+    ClusterUnavailable,
 }
 
 /// An error from a pyop op, from [`validate`](crate::validate), or from candle.

@@ -50,7 +50,7 @@ pub use tools::manifest::manifest_json;
 pub use tools::validate::{
     validate, validation_report, OpRef, Problem, Validate, ValidationReport,
 };
-pub use worker::{PoolStats, WorkerPool};
+pub use worker::{PoolStats, RayActor, RayPool, WorkerPool};
 
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]

@@ -19,6 +19,7 @@ pub(crate) mod process;
 #[path = "unsupported.rs"]
 pub(crate) mod process;
 pub(crate) mod protocol;
+pub(crate) mod ray;
 #[cfg(target_os = "linux")]
 pub(crate) mod wire;
 #[cfg(target_os = "linux")]
@@ -30,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use exchange::{Launch, StartError};
 use process::Worker;
+pub use ray::{RayActor, RayPool};
 
 /// A pool of Python worker processes that numpy-mode ops run their bodies in.
 ///
@@ -77,6 +79,22 @@ pub(crate) struct PoolInner {
     /// call (`Lease::worker`). `dropped_version` counts changes, so a call checks it for free.
     dropped: Mutex<std::collections::HashSet<String>>,
     dropped_version: AtomicU64,
+    /// Set for a pool of Ray actors: what it was asked for; the actors themselves are the
+    /// backend's (`bridge::ray`), made by the first call that needs them.
+    pub(crate) ray: Option<RayPool>,
+    pub(crate) backend: std::sync::OnceLock<Arc<dyn Backend>>,
+    /// A Ray pool's actors now, and how many are running a call.
+    ray_actors: Mutex<Vec<RayActor>>,
+    ray_busy: AtomicU64,
+}
+
+/// Where a pool's workers live when they are not this machine's processes: the pool holds its
+/// backend without knowing its type (the backend needs the interpreter, a layer up).
+pub(crate) trait Backend: Send + Sync {
+    /// Ends the idle workers ([`WorkerPool::shutdown`]).
+    fn shutdown(&self);
+    /// The backend itself, to be downcast by its layer.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 struct PoolState {
@@ -134,6 +152,26 @@ impl WorkerPool {
 
     /// A pool of at most `size` workers (at least one), none started yet.
     pub fn new(size: usize) -> WorkerPool {
+        WorkerPool::with(size, None)
+    }
+
+    /// A pool whose workers are actors on a Ray cluster (see [`RayPool`]): used as any other
+    /// pool (`OpBuilder::pool`, or a named pool `PYOP_RAY_POOLS` points at a cluster), with the
+    /// same results, errors and counters as a pool of this machine's processes.
+    pub fn ray(spec: RayPool) -> WorkerPool {
+        WorkerPool::with(spec.actors, Some(spec))
+    }
+
+    /// Where the actors of a Ray pool run now (empty for other pools).
+    pub fn ray_actors(&self) -> Vec<RayActor> {
+        self.inner
+            .ray_actors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn with(size: usize, ray: Option<RayPool>) -> WorkerPool {
         WorkerPool {
             inner: Arc::new(PoolInner {
                 size: size.max(1),
@@ -152,19 +190,28 @@ impl WorkerPool {
                 bytes_out: AtomicU64::new(0),
                 dropped: Mutex::new(std::collections::HashSet::new()),
                 dropped_version: AtomicU64::new(0),
+                ray,
+                backend: std::sync::OnceLock::new(),
+                ray_actors: Mutex::new(Vec::new()),
+                ray_busy: AtomicU64::new(0),
             }),
         }
     }
 
     /// The process-wide pool called `name`, made with `size` workers the first time it is asked
     /// for: `#[py_op(numpy, workers = 4, pool = "text")]` declarations share it. A later caller's
-    /// `size` does not change it (`validate()` reports declarations that disagree).
+    /// `size` does not change it (`validate()` reports declarations that disagree). When
+    /// `PYOP_RAY_POOLS` names it (or is `*`), its workers are `size` actors on the Ray cluster
+    /// at `PYOP_RAY_ADDRESS` (see [`RayPool`]): the same binary runs on one machine or a cluster.
     pub fn named(name: &str, size: usize) -> WorkerPool {
         let mut pools = NAMED.lock().unwrap_or_else(|e| e.into_inner());
         pools
             .get_or_insert_with(std::collections::HashMap::new)
             .entry(name.to_owned())
-            .or_insert_with(|| WorkerPool::new(size))
+            .or_insert_with(|| match RayPool::from_env(name, size) {
+                Some(spec) => WorkerPool::ray(spec),
+                None => WorkerPool::new(size),
+            })
             .clone()
     }
 
@@ -182,14 +229,19 @@ impl WorkerPool {
     /// What the pool has done so far.
     pub fn stats(&self) -> PoolStats {
         let p = &*self.inner;
-        let (running, idle) = {
+        let (running, busy) = if p.ray.is_some() {
+            (
+                p.ray_actors.lock().unwrap_or_else(|e| e.into_inner()).len(),
+                p.ray_busy.load(Relaxed) as usize,
+            )
+        } else {
             let st = p.lock();
-            (st.live, st.idle.len())
+            (st.live, st.live - st.idle.len())
         };
         PoolStats {
             size: p.size,
             running,
-            busy: running - idle,
+            busy,
             started: p.started.load(Relaxed),
             start_time: Duration::from_nanos(p.start_ns.load(Relaxed)),
             lost: p.lost.load(Relaxed),
@@ -209,6 +261,9 @@ impl WorkerPool {
     /// Ends the idle workers now (busy ones end when their call returns and the pool is gone);
     /// the pool starts new ones when it is used again.
     pub fn shutdown(&self) {
+        if let Some(backend) = self.inner.backend.get() {
+            backend.shutdown();
+        }
         let idle = {
             let mut st = self.inner.lock();
             let idle = std::mem::take(&mut st.idle);
@@ -217,6 +272,65 @@ impl WorkerPool {
         };
         drop(idle);
         self.inner.freed.notify_all();
+    }
+}
+
+/// What a backend (`bridge::ray`) counts in its pool's [`PoolStats`].
+impl WorkerPool {
+    /// The pool's size and its Ray spec, if it is a Ray pool.
+    pub(crate) fn ray_spec(&self) -> Option<&RayPool> {
+        self.inner.ray.as_ref()
+    }
+
+    /// A worker started, in `took`, and where it runs.
+    pub(crate) fn count_start(&self, took: Duration, actor: RayActor) {
+        let p = &self.inner;
+        p.started.fetch_add(1, Relaxed);
+        p.start_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+        p.ray_actors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(actor);
+    }
+
+    /// The actor `id` is gone: lost during a call, or killed on a time limit (`timed_out`), or
+    /// ended with the pool (`None`).
+    pub(crate) fn count_end(&self, id: u64, lost: Option<bool>) {
+        let p = &self.inner;
+        match lost {
+            Some(true) => p.timed_out.fetch_add(1, Relaxed),
+            Some(false) => p.lost.fetch_add(1, Relaxed),
+            None => 0,
+        };
+        p.ray_actors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|a| a.id != id);
+    }
+
+    /// A call starts (`true`) or ends on one of the pool's actors, with the bytes it sent and
+    /// received.
+    pub(crate) fn count_busy(&self, starts: bool, bytes: (u64, u64)) {
+        let p = &self.inner;
+        if starts {
+            p.calls.fetch_add(1, Relaxed);
+            p.ray_busy.fetch_add(1, Relaxed);
+        } else {
+            p.ray_busy.fetch_sub(1, Relaxed);
+        }
+        p.bytes_in.fetch_add(bytes.0, Relaxed);
+        p.bytes_out.fetch_add(bytes.1, Relaxed);
+    }
+
+    /// The module bases of ops that are gone, and how many times that set has changed.
+    pub(crate) fn dropped(&self) -> (u64, Vec<String>) {
+        let p = &self.inner;
+        let version = p.dropped_version.load(Relaxed);
+        if version == 0 {
+            return (0, Vec::new());
+        }
+        let dropped = p.dropped.lock().unwrap_or_else(|e| e.into_inner());
+        (version, dropped.iter().cloned().collect())
     }
 }
 

@@ -218,7 +218,8 @@ def _recv_frame():
     global _gap
     waited = _perf_counter() if _is_zygote else _wait_awake()
     try:
-        head, anc, _flags, _addr = _SOCK.recvmsg(4, _FDS_ROOM)
+        # Close-on-exec from the start: a body's thread that execs meanwhile cannot inherit them.
+        head, anc, _flags, _addr = _SOCK.recvmsg(4, _FDS_ROOM, socket.MSG_CMSG_CLOEXEC)
     except (ConnectionResetError, OSError):
         _exit_quietly()
     if not head:
@@ -483,7 +484,9 @@ def _encode(value, views):
         n = value.nbytes
         raw = value.reshape(-1).view(_np.uint8)
         for view, off in views.inputs:
-            if value is view and n:  # an input returned as it came: where it lies
+            # An input returned as it came: where it lies (its base checked too: `__setstate__`
+            # gives the same object other memory).
+            if value is view and n and value.base is views.ro:
                 placed.append([0, off, n])
                 need = 0
                 break
@@ -823,6 +826,9 @@ def _serve():
         try:
             _seq, msg, fds = _recv_frame()
             op = msg["op"]
+            if op != "arena":
+                for fd in fds:  # only an arena comes with one
+                    os.close(fd)
             if op == "arena":
                 _map_or_exit(msg["which"], fds, msg["size"])
             elif op == "unload":

@@ -90,19 +90,40 @@ pub(crate) fn reply_value<'py>(
             dtype,
             shape,
             ..
-        } => Some(shared_bytes(py, answer, *place).and_then(|bytes| {
-            // A read-only view of its bytes, of a plain dtype (as a pickled array's are).
-            glue_fn(py, "_array")?.call1((dtype.as_str(), shape.clone(), bytes))
-        })),
+        } => Some(
+            shared_bytes(py, answer, *place)
+                .and_then(|bytes| array_value(py, dtype, shape.clone(), bytes)),
+        ),
         Reply::Pickled { bufs, .. } => Some((|| {
             let buffers = PyList::empty(py);
             for buf in bufs {
                 buffers.append(shared_bytes(py, answer, *buf)?)?;
             }
-            glue_fn(py, "loads")?.call1((PyBytes::new(py, &answer.payload), buffers))
+            pickled_value(py, PyBytes::new(py, &answer.payload), buffers)
         })()),
         _ => None,
     }
+}
+
+/// A plain array sent as its dtype's string, shape and bytes: a read-only view of the bytes (a
+/// dtype with objects or fields is refused, as in a pickle).
+pub(crate) fn array_value<'py>(
+    py: Python<'py>,
+    dtype: &str,
+    shape: impl IntoPyObject<'py>,
+    bytes: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    glue_fn(py, "_array")?.call1((dtype, shape, bytes))
+}
+
+/// A pickle with its out-of-band buffers, read by the restricted unpickler (only the plain
+/// types' constructors and pyop's own).
+pub(crate) fn pickled_value<'py>(
+    py: Python<'py>,
+    payload: impl IntoPyObject<'py>,
+    buffers: impl IntoPyObject<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    glue_fn(py, "loads")?.call1((payload, buffers))
 }
 
 /// Where a place of a checked answer lies: the mapping, the offset and the length (checked again

@@ -147,10 +147,7 @@ impl Node {
             return op.gradient_in_worker(
                 workers,
                 name,
-                self.prepared
-                    .iter()
-                    .chain(&out_prepared)
-                    .chain(&grad_prepared),
+                [&self.prepared, &out_prepared, &grad_prepared],
                 [&args, &outs, &gs],
                 &device,
                 |py, returned| self.python_results(py, &args, &device, returned),

@@ -11,7 +11,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::worker::protocol::{self, ModuleKey, OutRef, Request, TensorRef, WireArg};
 
 /// NumPy's name for a dtype it holds.
-fn numpy_name(dtype: DType) -> &'static str {
+pub(super) fn numpy_name(dtype: DType) -> &'static str {
     match dtype {
         DType::U8 => "uint8",
         DType::U32 => "uint32",

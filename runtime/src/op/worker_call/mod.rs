@@ -11,6 +11,7 @@ pub(crate) mod encode;
 mod errors;
 mod launch;
 pub(crate) mod load;
+mod ray;
 
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,9 @@ impl OpInner {
         timeout: Option<Duration>,
         span: &tracing::Span,
     ) -> Result<Outputs> {
+        if workers.pool.ray_spec().is_some() {
+            return self.run_in_ray(workers, args, prepared, device, timeout, span);
+        }
         // 1. The request. Hot reload may have given the body a new source, and an `out`
         // parameter or taken it away.
         let tout = self.failed_before_python(self.resolved_tout(args))?;
@@ -108,16 +112,20 @@ impl OpInner {
     /// A registered Python gradient run in a worker, with the same arguments as in the program:
     /// the inputs', outputs' and incoming gradients' tuples. Returns what `check` makes of the
     /// value it returned, with the GIL held.
-    pub(crate) fn gradient_in_worker<'p, T>(
+    pub(crate) fn gradient_in_worker<T>(
         &self,
         workers: &Workers,
         function: &str,
-        prepared: impl IntoIterator<Item = &'p Prepared>,
+        prepared: [&[Prepared]; 3],
         groups: [&[Arg<'_>]; 3],
         device: &Device,
         check: impl FnOnce(pyo3::Python<'_>, &pyo3::Bound<'_, pyo3::PyAny>) -> Result<T>,
     ) -> Result<T> {
-        let inputs = self.failed_before_python(WireInputs::new(&self.name, prepared))?;
+        if workers.pool.ray_spec().is_some() {
+            return self.gradient_in_ray(workers, function, prepared, groups, device, check);
+        }
+        let inputs =
+            self.failed_before_python(WireInputs::new(&self.name, prepared.into_iter().flatten()))?;
         let [a, b, c] = groups;
         let answer = self.failed_before_python(self.call_in_worker(
             workers,
@@ -148,17 +156,19 @@ impl OpInner {
         let op = self.name.as_str();
         let launch = launch(op)?;
         let load = workers.load(op, call.reloaded);
-        let encoded = encode::call(
-            op,
-            &load.key,
-            call.function,
-            call.inputs,
-            call.groups,
-            call.outs,
-        )?;
         let started = Instant::now();
         let answer = crate::python::without_gil(|| {
             let mut lease = self.lease(workers, launch)?;
+            // Encoded once a worker is had: the request says whether the worker may check for
+            // its next one after replying, by the machine's load now, not before a wait.
+            let encoded = encode::call(
+                op,
+                &load.key,
+                call.function,
+                call.inputs,
+                call.groups,
+                call.outs,
+            )?;
             let worker = lease.worker();
             let (id, pid) = (worker.id, worker.pid);
             let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
@@ -228,6 +238,9 @@ impl OpInner {
 
     /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
     pub(crate) fn check_worker(&self, workers: &Workers, functions: &[&str]) -> Result<()> {
+        if workers.pool.ray_spec().is_some() {
+            return self.check_ray(workers, functions);
+        }
         let op = self.name.as_str();
         let launch = launch(op)?;
         let load = workers.load(op, None);
@@ -275,6 +288,9 @@ impl PyOp {
         let Some(workers) = &op.workers else {
             return Ok(());
         };
+        if workers.pool.ray_spec().is_some() {
+            return op.start_actors(workers);
+        }
         let launch = launch(&op.name)?;
         crate::python::without_gil(|| workers.pool.fill(launch))
             .map_err(|e| start_error(&op.name, launch, e))
