@@ -134,6 +134,7 @@ pub mod guide {
         tools => "tools.md",
         python_environment => "python-environment.md",
         workers => "workers.md",
+        ray => "ray.md",
         dlpack_gpu => "dlpack-gpu.md",
         soundness => "soundness.md",
         performance => "performance.md",

@@ -200,3 +200,35 @@ fn workers_example_runs_the_op_in_both_places() {
     assert!(out.contains("calls 41, lost 0, timed out 0"), "{out}");
     assert!(out.contains("op tokenize_w: calls 41, errors 0"), "{out}");
 }
+
+#[test]
+fn ray_example_runs_the_op_on_actors_of_two_nodes() {
+    // The example starts a two-node cluster of this machine for itself and stops it.
+    let out = example_with(
+        "ray",
+        &[("PYOP_EXAMPLE_CALLS", "5"), ("PYOP_RAY_ADDRESS", "")],
+    );
+    assert!(
+        out.starts_with("a 2-node Ray cluster of this machine at "),
+        "{out}"
+    );
+    assert!(
+        out.contains("4 threads x 5 calls, 256 rows each\n"),
+        "{out}"
+    );
+    assert!(out.contains("Ray, 4 actors "), "{out}");
+    let nodes: std::collections::HashSet<&str> = out
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("actor ")?
+                .split(" on node ")
+                .nth(1)?
+                .split(' ')
+                .next()
+        })
+        .collect();
+    assert_eq!(nodes.len(), 2, "{out}");
+    // The warm-up and every threaded call ran on the actors, none was lost.
+    assert!(out.contains("pool: size 4, started 4 "), "{out}");
+    assert!(out.contains("calls 21, lost 0, timed out 0"), "{out}");
+}

@@ -2822,7 +2822,7 @@ fn out_buffers_larger_than_memory_are_refused() {
 
 // --- pools of Ray actors ------------------------------------------------------------------------
 
-/// A Ray cluster of this machine for one process (`tests/py/ray_cluster.py`: a head and a second
+/// A Ray cluster of this machine for one process (`scripts/ray_cluster.py`: a head and a second
 /// node with the resource `extra`), stopped when dropped (or when this process ends: the helper
 /// stops it when its stdin closes).
 struct RayCluster {
@@ -2843,7 +2843,7 @@ impl RayCluster {
             "Ray is not in .venv: `scripts/dev.sh test` installs it"
         );
         let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ray_cluster.py");
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ray_cluster.py");
         let mut helper = Command::new(python)
             .arg(script)
             .stdin(Stdio::piped())
