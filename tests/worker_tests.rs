@@ -3014,6 +3014,23 @@ fn ray_pools_child() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert!(err.to_string().contains("Ray actor"), "{err}");
     assert_eq!(pool.stats().timed_out, 1);
+    // The actor was killed (its process is gone), not left sleeping, and the pool forgot it.
+    let text = err.to_string();
+    let pid: u32 = text
+        .split("(pid ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exists(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!exists(pid), "the timed-out actor {pid} still runs");
+    assert!(pool.ray_actors().iter().all(|a| a.pid != pid));
     assert_eq!(
         slow.call(&[Arg::from(&x), Arg::from(0.0)]).unwrap()[0]
             .to_vec1::<f32>()

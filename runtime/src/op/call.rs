@@ -67,7 +67,8 @@ impl PyOp {
             op = %op.name,
             mode = op.mode.as_str(),
             device = ?device.location(),
-            worker = tracing::field::Empty
+            worker = tracing::field::Empty,
+            node = tracing::field::Empty
         );
         let _entered = span.enter();
 

@@ -475,24 +475,9 @@ fn start(
         node: get("node"),
         ip: get("ip"),
     };
-    if theirs != *versions {
+    if let Some(why) = mismatch(&info, &theirs, versions) {
         let _ = driver_fn(py, "kill").and_then(|f| f.call1((&handle,)));
-        return Err(unavailable(
-            op,
-            format!(
-                "the Ray node {} ({}) runs Python {}, NumPy {} and Ray {}, the program Python {}, \
-                 NumPy {} and Ray {}: every node needs the program's versions (install them in \
-                 the environment `ray start` runs from)",
-                info.ip,
-                info.node,
-                theirs.python,
-                theirs.numpy,
-                theirs.ray,
-                versions.python,
-                versions.numpy,
-                versions.ray
-            ),
-        ));
+        return Err(unavailable(op, why));
     }
     tracing::debug!(actor = id, pid = info.pid, node = %info.ip, "pyop Ray actor started");
     pool.count_start(started.elapsed(), info.clone());
@@ -504,9 +489,28 @@ fn start(
     })
 }
 
+/// Why the node `info` runs on cannot serve the program (`theirs` differ from `ours`), if so.
+fn mismatch(info: &RayActor, theirs: &Versions, ours: &Versions) -> Option<String> {
+    (theirs != ours).then(|| {
+        format!(
+            "the Ray node {} ({}) runs Python {}, NumPy {} and Ray {}, the program Python {}, \
+             NumPy {} and Ray {}: every node needs the program's versions (install them in the \
+             environment `ray start` runs from)",
+            info.ip,
+            info.node,
+            theirs.python,
+            theirs.numpy,
+            theirs.ray,
+            ours.python,
+            ours.numpy,
+            ours.ray
+        )
+    })
+}
+
 /// Runs `function` of the op's module (`load`, sent first if the actor lacks it) on `args` in
 /// an actor of `pool`, with `outs` (dtype, shape) arrays for an `out` parameter, within
-/// `timeout`.
+/// `timeout`; returns the reply, the actor's id and its node's address.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn call<'py>(
     py: Python<'py>,
@@ -518,7 +522,7 @@ pub(crate) fn call<'py>(
     outs: Option<Bound<'py, PyList>>,
     timeout: Option<Duration>,
     bytes_in: u64,
-) -> Result<RayReply<'py>> {
+) -> Result<(RayReply<'py>, u64, String)> {
     let spec = pool.ray_spec().expect("a Ray pool");
     let versions = connect(py, op, spec)?;
     let backend_arc = RayBackend::of(pool);
@@ -546,7 +550,7 @@ pub(crate) fn call<'py>(
             }
             Ok(v) => {
                 return match exc_info(&v) {
-                    Ok(exc) => Ok(RayReply::Raised { exc, actor: id }),
+                    Ok(exc) => Ok((RayReply::Raised { exc, actor: id }, id, ip)),
                     Err(m) => {
                         lease.discard(py, false);
                         Err(lost(op, id, pid, &ip, &m))
@@ -629,7 +633,7 @@ pub(crate) fn call<'py>(
         }
     };
     lease.bytes = (bytes_in, bytes_out);
-    Ok(result)
+    Ok((result, id, ip))
 }
 
 /// Checks that an actor of `pool` starts and loads `load`, with `functions` (for `validate()`):
@@ -793,4 +797,40 @@ fn lost(op: &str, id: u64, pid: u32, ip: &str, what: &str) -> Error {
              starts a new actor"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_with_other_versions_is_refused_naming_both() {
+        let ours = Versions {
+            python: "3.11".into(),
+            numpy: "2.4.6".into(),
+            ray: "2.60.0".into(),
+        };
+        let info = RayActor {
+            id: 3,
+            pid: 42,
+            node: "abc".into(),
+            ip: "10.0.0.7".into(),
+        };
+        assert_eq!(mismatch(&info, &ours.clone(), &ours), None);
+        let theirs = Versions {
+            numpy: "1.26.4".into(),
+            ..ours.clone()
+        };
+        assert_eq!(
+            mismatch(&info, &theirs, &ours).unwrap(),
+            "the Ray node 10.0.0.7 (abc) runs Python 3.11, NumPy 1.26.4 and Ray 2.60.0, the \
+             program Python 3.11, NumPy 2.4.6 and Ray 2.60.0: every node needs the program's \
+             versions (install them in the environment `ray start` runs from)"
+        );
+        let theirs = Versions {
+            python: "3.12".into(),
+            ..ours.clone()
+        };
+        assert!(mismatch(&info, &theirs, &ours).is_some());
+    }
 }

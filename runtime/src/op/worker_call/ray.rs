@@ -68,7 +68,7 @@ impl OpInner {
                     .map_err(py_err)?,
                 ),
             };
-            let reply = ray::call(
+            let (reply, actor, node) = ray::call(
                 py,
                 &workers.pool,
                 &self.name,
@@ -79,6 +79,8 @@ impl OpInner {
                 timeout,
                 bytes_in,
             )?;
+            span.record("worker", actor);
+            span.record("node", node.as_str());
             let check = OutputCheck {
                 op: &self.name,
                 tout: &tout,
@@ -102,7 +104,6 @@ impl OpInner {
             }
         });
         self.counters.record_worker(started.elapsed());
-        let _ = span;
         result
     }
 
@@ -128,7 +129,7 @@ impl OpInner {
                 .collect::<PyResult<Vec<_>>>()
                 .map_err(py_err)?;
             let list = PyList::new(py, tuples).map_err(py_err)?;
-            let reply = ray::call(
+            let (reply, _, _) = ray::call(
                 py,
                 &workers.pool,
                 &self.name,
