@@ -3195,6 +3195,16 @@ fn ray_pools_child() {
         [1., 2., 3.]
     );
     assert_eq!(on_extra.stats().lost, 1);
+    // Shutting a pool down ends its idle actors (their processes go too).
+    let pids: Vec<u32> = pool.ray_actors().iter().map(|a| a.pid).collect();
+    assert!(!pids.is_empty());
+    pool.shutdown();
+    assert_eq!(pool.stats().running, 0, "{:?}", pool.stats());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|&p| exists(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(pids.iter().all(|&p| !exists(p)), "{pids:?}");
     drop((pool, on_extra));
 }
 

@@ -91,8 +91,8 @@ pub(crate) struct PoolInner {
 /// Where a pool's workers live when they are not this machine's processes: the pool holds its
 /// backend without knowing its type (the backend needs the interpreter, a layer up).
 pub(crate) trait Backend: Send + Sync {
-    /// Ends the idle workers ([`WorkerPool::shutdown`]).
-    fn shutdown(&self);
+    /// Ends the idle workers ([`WorkerPool::shutdown`]); returns their ids.
+    fn shutdown(&self) -> Vec<u64>;
     /// The backend itself, to be downcast by its layer.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -262,7 +262,9 @@ impl WorkerPool {
     /// the pool starts new ones when it is used again.
     pub fn shutdown(&self) {
         if let Some(backend) = self.inner.backend.get() {
-            backend.shutdown();
+            for id in backend.shutdown() {
+                self.count_end(id, None);
+            }
         }
         let idle = {
             let mut st = self.inner.lock();

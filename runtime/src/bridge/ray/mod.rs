@@ -75,15 +75,17 @@ struct Actor {
 }
 
 impl Backend for RayBackend {
-    fn shutdown(&self) {
+    fn shutdown(&self) -> Vec<u64> {
         let idle = {
             let mut st = self.lock();
             let idle = std::mem::take(&mut st.idle);
             st.live -= idle.len();
             idle
         };
+        let ids = idle.iter().map(|a| a.info.id).collect();
         kill_all(idle);
         self.freed.notify_all();
+        ids
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
