@@ -2,18 +2,20 @@
 //! Ray actors, called from several threads, with the throughput, each actor's node and the
 //! pool's counters. With `PYOP_RAY_ADDRESS` set it joins that cluster; without, it starts a
 //! two-node cluster of this machine for itself (`scripts/ray_cluster.py`, Ray from `.venv`) and
-//! stops it at the end.
+//! stops it at the end. On one machine's cores Ray cannot beat the program; a cluster's nodes add
+//! cores (see the guide's "Ray clusters").
 //!
 //! ```text
 //! $ cargo run --release --example ray
-//! a 2-node Ray cluster of this machine at 192.0.2.2:41025 (started for this example)
+//! a 2-node Ray cluster of this machine at 192.0.2.2:46111 (started for this example)
 //! 4 threads x 25 calls, 256 rows each
-//! in-process        938 calls/s
-//! Ray, 4 actors     512 calls/s  (0.55x; on a cluster of this machine's 2 CPUs)
-//! actor 1 on node 6b0f43cf5a (192.0.2.2), pid 21467
-//! actor 2 on node f2c0a81e9d (192.0.2.2), pid 21523
-//! ...
-//! pool: size 4, started 4 (start time 1602 ms in all), calls 104, lost 0, timed out 0
+//! in-process       659 calls/s
+//! Ray, 4 actors    475 calls/s  (0.72x)
+//! actor 1 on node 01d069b13c (192.0.2.2), pid 19372
+//! actor 2 on node 1b8dce0cc2 (192.0.2.2), pid 19431
+//! actor 3 on node 01d069b13c (192.0.2.2), pid 19371
+//! actor 4 on node 1b8dce0cc2 (192.0.2.2), pid 19457
+//! pool: size 4, started 4 (start time 938 ms in all), calls 101, lost 0, timed out 0
 //! ```
 
 use std::io::{BufRead, BufReader};
