@@ -2941,6 +2941,36 @@ def ray_cube_grad(inputs, outputs, grads):
 "#, numpy, workers = 2, pool = "ray_named", grad = "ray_cube_grad", tout = f64)]
 fn ray_cube(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// Run by `ray_pools_child` on its cluster: a declared op in a named Ray pool, called, then the
+/// process ends at once (after an actor killed on a time limit, with `RAY_EXIT_KILL`).
+#[test]
+#[ignore = "a grandchild process of ray_pools_keep_the_contract_on_a_two_node_cluster"]
+fn ray_exit_child() {
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    assert_eq!(
+        ray_named(&x).unwrap().to_vec1::<f32>().unwrap(),
+        [2., 4., 6.]
+    );
+    if std::env::var("RAY_EXIT_KILL").is_ok_and(|v| v == "1") {
+        let slow = PyOp::builder("slow_exit")
+            .code("import time\ndef slow_exit(x):\n    time.sleep(30)\n    return x")
+            .numpy()
+            .pool(&WorkerPool::find("ray_named").unwrap())
+            .timeout(Duration::from_millis(300))
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        let err = slow.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    }
+    if let Some(ms) = std::env::var("RAY_EXIT_SLEEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}
+
 fn ray_op(pool: &WorkerPool, name: &str, code: &str, tout: &[OutSpec]) -> PyOp {
     worker_op(pool, name, code, tout)
 }
@@ -2960,6 +2990,20 @@ fn ray_pools_child() {
     };
     let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
 
+    // A program that used a Ray pool exits cleanly, also right after its actors started or one
+    // was killed (Ray's threads must stop before the process's destructors run).
+    for run in 0..4 {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "ray_exit_child", "--nocapture"])
+            .env("RAY_EXIT_KILL", if run % 2 == 1 { "1" } else { "" })
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("running 1 test\n"), "{text}");
+        assert!(out.status.success(), "run {run}: {:?}\n{text}", out.status);
+    }
+
     // A pool of 2 actors, started side by side: one on each node (`SPREAD`).
     let pool = WorkerPool::ray(spec());
     let double = ray_op(
@@ -2973,6 +3017,43 @@ fn ray_pools_child() {
         pool.ray_actors().into_iter().map(|a| a.node).collect();
     assert_eq!(nodes.len(), 2, "{:?}", pool.ray_actors());
     assert_eq!((pool.stats().started, pool.stats().calls), (2, 0));
+
+    // Another spelling of the same cluster (the loopback address for the head's) is the same
+    // cluster; another cluster is refused, naming both.
+    let port = cluster.address.rsplit(':').next().unwrap().to_owned();
+    let looped = WorkerPool::ray(
+        pyop::RayPool::new(1)
+            .address(format!("127.0.0.1:{port}"))
+            .num_cpus(0.5),
+    );
+    let same = ray_op(
+        &looped,
+        "same",
+        "def f(x): return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    assert_eq!(
+        same.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [1., 2., 3.]
+    );
+    drop((same, looped));
+    let other = WorkerPool::ray(pyop::RayPool::new(1).address("127.0.0.1:1"));
+    let err = ray_op(
+        &other,
+        "other",
+        "def f(x): return x",
+        &[OutSpec::new(DType::F32)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ClusterUnavailable, "{err}");
+    assert!(
+        err.to_string()
+            .contains("a pool cannot use another (`127.0.0.1:1`)"),
+        "{err}"
+    );
 
     // The tables, as in the program.
     let make = |code: &str, tout: &[OutSpec]| ray_op(&pool, "rule", code, tout);

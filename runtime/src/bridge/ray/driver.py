@@ -74,6 +74,18 @@ def connect(address, namespace, actor_text):
     }
 
 
+def same_cluster(address):
+    """Whether `address` names the cluster this driver joined (another spelling of it: the
+    loopback address for the head's own, say)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        ours = _ray.get_runtime_context().gcs_address
+        return canonicalize_bootstrap_address(address) == ours
+    except Exception:  # noqa: BLE001 - Ray's private helper moved: only the same text is
+        return False
+
+
 def start(options, importer, argv, timeout):
     """Starts an actor and says where it runs (`PyopActor.where`): (the actor, that dict). An
     actor that does not answer in `timeout` seconds is killed."""

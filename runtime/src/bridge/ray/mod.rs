@@ -31,9 +31,9 @@ const ACTOR_PY: &str = concat!(
 /// How long an actor may take to be placed, start and say where it runs.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The driver's functions (`driver.py`), once connected, and the cluster it connected to.
-static DRIVER: PyOnceLock<(Py<PyDict>, Versions)> = PyOnceLock::new();
-static CONNECTED_TO: Mutex<Option<Option<String>>> = Mutex::new(None);
+/// The driver's functions (`driver.py`), once connected: its namespace, its versions and the
+/// address it joined.
+static DRIVER: PyOnceLock<(Py<PyDict>, Versions, Option<String>)> = PyOnceLock::new();
 
 /// Python X.Y, NumPy and Ray versions: the driver's, which every actor's must equal.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ fn kill_all(actors: Vec<Actor>) {
         return;
     }
     crate::python::attach(|py| {
-        if let Some((driver, _)) = DRIVER.get(py) {
+        if let Some((driver, ..)) = DRIVER.get(py) {
             for a in actors {
                 let _ = driver
                     .bind(py)
@@ -118,6 +118,7 @@ fn kill_all(actors: Vec<Actor>) {
             }
         }
     });
+    arm_exit();
 }
 
 impl RayBackend {
@@ -189,12 +190,13 @@ impl Lease<'_> {
         self.pool.count_end(a.info.id, Some(timed_out));
         self.backend.lock().live -= 1;
         self.backend.freed.notify_one();
+        arm_exit();
     }
 }
 
 /// A function of the driver's namespace (connected).
 fn driver_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    let (driver, _) = DRIVER
+    let (driver, ..) = DRIVER
         .get(py)
         .expect("the driver connects before any actor exists");
     Ok(driver
@@ -206,25 +208,7 @@ fn driver_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
 /// Connects the program's interpreter to `spec`'s cluster (once per process: a Ray driver joins
 /// one cluster) and returns the driver's versions.
 fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Versions> {
-    {
-        let mut connected = CONNECTED_TO.lock().unwrap_or_else(|e| e.into_inner());
-        match &*connected {
-            Some(address) if *address != spec.address => {
-                return Err(unavailable(
-                    op,
-                    format!(
-                        "this program's Ray driver joined the cluster at {}; a pool cannot use \
-                         another ({}): a program's Ray pools share one cluster",
-                        shown(address),
-                        shown(&spec.address)
-                    ),
-                ));
-            }
-            Some(_) => {}
-            None => *connected = Some(spec.address.clone()),
-        }
-    }
-    let connected = DRIVER.get_or_try_init(py, || {
+    let (_, versions, joined) = DRIVER.get_or_try_init(py, || {
         if let Some(address) = &spec.address {
             reachable(op, address)?;
         }
@@ -246,24 +230,52 @@ fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Ve
             numpy: get("numpy"),
             ray: get("ray"),
         };
-        Ok::<_, Error>((ns.unbind(), versions))
-    });
-    if connected.is_err() {
-        *CONNECTED_TO.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        arm_exit();
+        Ok::<_, Error>((ns.unbind(), versions, spec.address.clone()))
+    })?;
+    // A Ray driver joins one cluster: a pool naming another is refused (another spelling of the
+    // same one, `127.0.0.1:6379` for the head's own address, is the same).
+    if let Some(address) = &spec.address {
+        if joined.as_ref() != Some(address) {
+            let same: bool = driver_fn(py, "same_cluster")
+                .and_then(|f| f.call1((address.as_str(),)))
+                .and_then(|v| v.extract())
+                .unwrap_or(false);
+            if !same {
+                return Err(unavailable(
+                    op,
+                    format!(
+                        "this program's Ray driver joined the cluster at {}; a pool cannot use \
+                         another (`{address}`): a program's Ray pools share one cluster",
+                        shown(joined)
+                    ),
+                ));
+            }
+        }
     }
-    let connected = connected?;
-    static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registers a function of the right type, once.
-    AT_EXIT.call_once(|| unsafe {
+    Ok(versions)
+}
+
+/// Registers the disconnect at exit (again). `atexit` functions run in the reverse order of
+/// their registration, and Ray's C++ code registers the destructors of its statics as it first
+/// uses them (when an actor starts or dies): a disconnect registered before them would run after
+/// they were destroyed (a crash or a hang at exit). So it is registered again after each such
+/// event, and runs once.
+fn arm_exit() {
+    // SAFETY: registers a function of the right type.
+    unsafe {
         libc::atexit(disconnect_at_exit);
-    });
-    Ok(&connected.1)
+    }
 }
 
 /// Disconnects the Ray driver when the program exits: the embedded interpreter runs none of
 /// Python's `atexit` functions, and Ray's threads still running while the process's destructors
 /// run crash it.
 extern "C" fn disconnect_at_exit() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: a plain query of the interpreter's state.
         if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
@@ -483,6 +495,7 @@ fn start(
     }
     tracing::debug!(actor = id, pid = info.pid, node = %info.ip, "pyop Ray actor started");
     pool.count_start(started.elapsed(), info.clone());
+    arm_exit();
     Ok(Actor {
         handle: handle.unbind(),
         info,
