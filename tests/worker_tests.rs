@@ -3162,6 +3162,55 @@ fn ray_pools_child() {
         [2., 4., 6.]
     );
 
+    // Inputs are read-only on the actors too, small (inlined by Ray) and large (its object store)
+    // alike, and a list of tensors arrives as a list.
+    let ro = ray_op(
+        &pool,
+        "read_only",
+        "def f(x, ts):\n    assert x.flags.writeable is False\n    \
+         assert isinstance(ts, list) and all(t.flags.writeable is False for t in ts)\n    \
+         return x.sum() + sum(t.sum() for t in ts)",
+        &[OutSpec::new(DType::F64)],
+    );
+    let big = Tensor::ones(1 << 18, DType::F64, &cpu()).unwrap();
+    let small = Tensor::new(&[1f64, 2.], &cpu()).unwrap();
+    let ts = [big.clone(), small.clone()];
+    let total = ro.call(&[Arg::from(&small), Arg::from(&ts[..])]).unwrap()[0]
+        .to_scalar::<f64>()
+        .unwrap();
+    assert_eq!(total, 6.0 + f64::from(1 << 18));
+
+    // A dropped op's module is unloaded from the actor that loaded it.
+    let solo = WorkerPool::ray(
+        pyop::RayPool::new(1)
+            .address(cluster.address.clone())
+            .num_cpus(0.5),
+    );
+    let count = ray_op(
+        &solo,
+        "count_modules",
+        "import sys\ndef f(x):\n    \
+         return np.array([len(sys._getframe(1).f_locals['self']._modules)], np.float32)",
+        &[OutSpec::new(DType::F32)],
+    );
+    let modules = || {
+        count.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    assert_eq!(modules(), [1.]);
+    for i in 0..3 {
+        let op = ray_op(
+            &solo,
+            &format!("dropped{i}"),
+            "def f(x):\n    return x",
+            &[OutSpec::new(DType::F32)],
+        );
+        op.call(&[Arg::from(&x)]).unwrap();
+    }
+    assert_eq!(modules(), [1.], "only the counting op's module is left");
+    drop((count, solo));
+
     // `out`, emulated: the actor gives the body arrays and sends back what it wrote.
     let out_op = PyOp::builder("with_out")
         .code("def with_out(x, out):\n    out[...] = x + 1")

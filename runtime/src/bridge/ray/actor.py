@@ -3,8 +3,9 @@
 # program sends), so no node needs a file of pyop's. Each actor runs one call at a time (`max_concurrency` 1) and keeps the modules of the
 # bodies the program sent it, by key, as a worker process does.
 #
-# Arguments arrive as Ray deserialised them: NumPy arrays read from the object store (read-only,
-# without a copy on the node that holds them) and plain values. What a call returns to the
+# Arguments arrive as Ray deserialised them: NumPy arrays read-only (from the object store, without
+# a copy on the node that holds them, or from the call's own bytes when small; a test checks
+# both) and plain values. What a call returns to the
 # program, always a tuple whose first item says what it is:
 #   ("array", dtype, shape, bytes)     a plain array of numbers: its dtype string, shape and its
 #                                      bytes as a uint8 array (Ray moves it out of band)
@@ -79,7 +80,6 @@ class PyopActor:
         module = self._modules.get((base, generation))
         if module is None:
             return ("unloaded",)
-        args = [_read_only(a) for a in args]
         kwargs = {}
         if outs is not None:
             arrays = [_np.zeros(shape, dtype) for dtype, shape in outs]
@@ -94,16 +94,6 @@ class PyopActor:
             return _parts(result)
         except BaseException as e:  # noqa: BLE001 - a result that cannot be pickled
             return ("raised", json.dumps(_exception_info(e, "result")))
-
-
-def _read_only(a):
-    """Inputs are read-only, as in the program and in a worker process (Ray makes the ones it
-    reads from the object store so; a small one it inlined is a private copy)."""
-    if type(a) is _np.ndarray:
-        a.flags.writeable = False
-    elif type(a) in (list, tuple):
-        return type(a)(_read_only(x) for x in a)
-    return a
 
 
 def _parts(value):
