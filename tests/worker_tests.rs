@@ -2951,6 +2951,9 @@ fn ray_exit_child() {
         ray_named(&x).unwrap().to_vec1::<f32>().unwrap(),
         [2., 4., 6.]
     );
+    // And through Ray's object store (arguments and replies over 100 KiB go there).
+    let big = Tensor::ones(1 << 18, DType::F32, &cpu()).unwrap();
+    assert_eq!(ray_named(&big).unwrap().dims(), [1 << 18]);
     if std::env::var("RAY_EXIT_KILL").is_ok_and(|v| v == "1") {
         let slow = PyOp::builder("slow_exit")
             .code("import time\ndef slow_exit(x):\n    time.sleep(30)\n    return x")
@@ -3180,6 +3183,32 @@ fn ray_pools_child() {
         .unwrap();
     assert_eq!(total, 6.0 + f64::from(1 << 18));
 
+    // Starting a pool's actors never waits for a call or for another start: two at once, while
+    // a call holds an actor, return at once.
+    let busy_pool = WorkerPool::ray(spec());
+    let napper = ray_op(
+        &busy_pool,
+        "napper",
+        "import time\ndef f(x):\n    time.sleep(3)\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| napper.call(&[Arg::from(&x)]).unwrap());
+        std::thread::sleep(Duration::from_millis(1500));
+        let t = Instant::now();
+        let starts: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| napper.start_workers().unwrap()))
+            .collect();
+        starts.into_iter().for_each(|h| h.join().unwrap());
+        assert!(
+            t.elapsed() < Duration::from_millis(1400),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(busy_pool.stats().started, 2);
+    });
+    drop((napper, busy_pool));
+
     // A dropped op's module is unloaded from the actor that loaded it.
     let solo = WorkerPool::ray(
         pyop::RayPool::new(1)
@@ -3210,6 +3239,17 @@ fn ray_pools_child() {
     }
     assert_eq!(modules(), [1.], "only the counting op's module is left");
     drop((count, solo));
+
+    // A 0-d result keeps its shape, as in the program.
+    let zero_d = ray_op(
+        &pool,
+        "zero_d",
+        "def f(x):\n    return np.array(3.5)",
+        &[OutSpec::new(DType::F64)],
+    );
+    let y = zero_d.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(y[0].dims(), [] as [usize; 0]);
+    assert_eq!(y[0].to_scalar::<f64>().unwrap(), 3.5);
 
     // `out`, emulated: the actor gives the body arrays and sends back what it wrote.
     let out_op = PyOp::builder("with_out")

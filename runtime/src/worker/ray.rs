@@ -20,7 +20,8 @@
 pub struct RayPool {
     /// The cluster: its head's `host:port` (what `ray start --head` prints), `"auto"` (the
     /// cluster this machine is part of), or `"ray://host:10001"` (Ray Client). `None`: Ray's
-    /// own choice (`RAY_ADDRESS`, else a one-machine cluster started for the program).
+    /// own choice (`RAY_ADDRESS`, else the cluster Ray last started on this machine, else a
+    /// one-machine cluster started for the program).
     pub address: Option<String>,
     /// How many actors the pool runs at most (each runs one call at a time).
     pub actors: usize,
@@ -29,7 +30,7 @@ pub struct RayPool {
     /// Custom resources each actor reserves (Ray's `resources`, e.g. `("preprocess", 1.0)` for
     /// nodes started with `--resources='{"preprocess": 4}'`).
     pub resources: Vec<(String, f64)>,
-    /// The Ray namespace the driver joins.
+    /// The Ray namespace the driver joins (the first Ray pool used sets it for the program).
     pub namespace: String,
 }
 

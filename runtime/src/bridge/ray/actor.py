@@ -14,7 +14,8 @@
 #                                      of band as uint8 arrays
 #   ("wrote", [arrays])                the body wrote the `out` arrays it was given
 #   ("raised", exc_json)               an exception: host.py's `_exception_info`, as JSON
-#   ("unloaded",)                      the module was not loaded here (the program loads it)
+#   ("unloaded",)                      the module is not loaded here (never, while the program's
+#                                      record of each actor's loads is right: it ends the actor)
 
 import json
 import os
@@ -98,7 +99,8 @@ class PyopActor:
 
 def _parts(value):
     if type(value) is _np.ndarray and value.dtype.kind in "biufc":
-        c = _np.ascontiguousarray(value)
+        # (`ascontiguousarray` would make a 0-d array 1-d.)
+        c = value if value.flags.c_contiguous else _np.ascontiguousarray(value)
         return ("array", c.dtype.str, list(c.shape), c.reshape(-1).view(_np.uint8))
     import io
 

@@ -182,9 +182,9 @@ impl Lease<'_> {
 
     /// The actor is gone (lost, or killed on a time limit): not returned, and a new one may
     /// start.
-    fn discard(mut self, py: Python<'_>, timed_out: bool) {
+    fn discard(mut self, py: Python<'_>, kill: bool, timed_out: bool) {
         let a = self.actor.take().expect("a leased actor");
-        if timed_out {
+        if kill {
             let _ = driver_fn(py, "kill").and_then(|f| f.call1((a.handle.bind(py),)));
         }
         self.pool.count_end(a.info.id, Some(timed_out));
@@ -237,10 +237,24 @@ fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Ve
     // same one, `127.0.0.1:6379` for the head's own address, is the same).
     if let Some(address) = &spec.address {
         if joined.as_ref() != Some(address) {
-            let same: bool = driver_fn(py, "same_cluster")
-                .and_then(|f| f.call1((address.as_str(),)))
-                .and_then(|v| v.extract())
-                .unwrap_or(false);
+            // Asked once per spelling (it may look up this node's address).
+            static SAME: Mutex<Vec<(String, bool)>> = Mutex::new(Vec::new());
+            let known = SAME
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .find(|(a, _)| a == address)
+                .map(|&(_, same)| same);
+            let same = known.unwrap_or_else(|| {
+                let same: bool = driver_fn(py, "same_cluster")
+                    .and_then(|f| f.call1((address.as_str(),)))
+                    .and_then(|v| v.extract())
+                    .unwrap_or(false);
+                SAME.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((address.clone(), same));
+                same
+            });
             if !same {
                 return Err(unavailable(
                     op,
@@ -451,21 +465,33 @@ fn start(
     let started_actor = driver_fn(py, "start")
         .and_then(|f| f.call1((options, importer, argv, START_TIMEOUT.as_secs_f64())))
         .map_err(|e| {
-            unavailable(
-                op,
+            let timed_out = driver_fn(py, "failure")
+                .and_then(|f| f.call1((e.value(py),)))
+                .and_then(|k| k.extract::<Option<String>>())
+                .ok()
+                .flatten()
+                .is_some_and(|k| k == "timeout");
+            let why = if timed_out {
                 format!(
-                    "actor {id} of a Ray pool did not start within {} s ({}): the cluster may \
-                     lack the CPUs or resources it asks for ({} CPU{}{}); `ray status` shows \
-                     what the nodes have",
+                    "was not placed and started within {} s: the cluster may lack the CPUs or \
+                     resources it asks for ({} CPU{}{}); `ray status` shows what the nodes have",
                     START_TIMEOUT.as_secs(),
-                    describe(py, &e),
                     spec.num_cpus,
                     if spec.num_cpus == 1.0 { "" } else { "s" },
                     spec.resources
                         .iter()
                         .map(|(k, v)| format!(", {v} {k}"))
                         .collect::<String>()
-                ),
+                )
+            } else {
+                "failed as it started: its node's Python environment may lack NumPy, or run \
+                 another Python X.Y than the program (every node needs the program's Python, \
+                 NumPy and Ray)"
+                    .to_owned()
+            };
+            unavailable(
+                op,
+                format!("actor {id} of a Ray pool {why} ({})", describe(py, &e)),
             )
         })?;
     let (handle, place): (Bound<'_, PyAny>, Bound<'_, PyDict>) =
@@ -556,6 +582,8 @@ pub(crate) fn call<'py>(
     unload_dropped(py, pool, lease.actor());
     let key = (load.key.base.as_str(), load.key.generation);
     if lease.actor().loaded.get(key.0) != Some(&key.1) {
+        // The actor drops the op's other generations before it loads this one, loaded or not.
+        lease.actor().loaded.remove(key.0);
         let handle = lease.actor().handle.clone_ref(py);
         let loaded = driver_fn(py, "load")
             .and_then(|f| f.call1((handle, &*load.message, LOAD_TIMEOUT.as_secs_f64())));
@@ -567,7 +595,7 @@ pub(crate) fn call<'py>(
                 return match exc_info(&v) {
                     Ok(exc) => Ok((RayReply::Raised { exc, actor: id }, id, ip)),
                     Err(m) => {
-                        lease.discard(py, false);
+                        lease.discard(py, true, false);
                         Err(lost(op, id, pid, &ip, &m))
                     }
                 };
@@ -590,11 +618,20 @@ pub(crate) fn call<'py>(
         Ok(r) => r,
         Err(e) => return Err(failed(py, op, lease, &e, timeout, false)),
     };
-    let reply = reply.cast_into::<PyTuple>().map_err(|e| py_err(e.into()))?;
-    let kind: String = reply
-        .get_item(0)
-        .and_then(|k| k.extract())
-        .map_err(py_err)?;
+    // A reply pyop's actor never sends ends the actor, as a worker out of step is ended.
+    let out_of_step = |lease: Lease<'_>, what: String| {
+        lease.discard(py, true, false);
+        lost(op, id, pid, &ip, &what)
+    };
+    let Ok(reply) = reply.cast_into::<PyTuple>() else {
+        return Err(out_of_step(
+            lease,
+            "answered with something else than a tuple".into(),
+        ));
+    };
+    let Ok(kind) = reply.get_item(0).and_then(|k| k.extract::<String>()) else {
+        return Err(out_of_step(lease, "answered without a kind".into()));
+    };
     let item = |i: usize| reply.get_item(i).map_err(py_err);
     let (result, bytes_out) = match kind.as_str() {
         "array" => {
@@ -620,30 +657,31 @@ pub(crate) fn call<'py>(
         "wrote" => {
             let arrays = item(1)?;
             let n = arrays.len().unwrap_or(1);
+            let bytes: u64 = arrays
+                .try_iter()
+                .map(|it| {
+                    it.flatten()
+                        .filter_map(|a| a.getattr("nbytes").and_then(|b| b.extract::<u64>()).ok())
+                        .sum()
+                })
+                .unwrap_or(0);
             let value = if n == 1 {
                 arrays.get_item(0).map_err(py_err)?
             } else {
                 let items: Vec<Bound<'_, PyAny>> = arrays.extract().map_err(py_err)?;
                 PyTuple::new(py, items).map_err(py_err)?.into_any()
             };
-            (RayReply::Wrote(value), 0)
+            (RayReply::Wrote(value), bytes)
         }
         "raised" => match exc_info(&item(1)?) {
             Ok(exc) => (RayReply::Raised { exc, actor: id }, 0),
-            Err(m) => {
-                lease.discard(py, false);
-                return Err(lost(op, id, pid, &ip, &m));
-            }
+            Err(m) => return Err(out_of_step(lease, m)),
         },
         other => {
             let other = other.to_owned();
-            lease.discard(py, false);
-            return Err(lost(
-                op,
-                id,
-                pid,
-                &ip,
-                &format!("answered `{other}`, which a pyop actor never does"),
+            return Err(out_of_step(
+                lease,
+                format!("answered `{other}`, which a pyop actor never does"),
             ));
         }
     };
@@ -687,7 +725,7 @@ pub(crate) fn check(
             return match exc_info(&v) {
                 Ok(exc) => Ok(Err((exc, id))),
                 Err(m) => {
-                    lease.discard(py, false);
+                    lease.discard(py, true, false);
                     Err(lost(op, id, pid, &ip, &m))
                 }
             };
@@ -714,11 +752,31 @@ pub(crate) fn fill(py: Python<'_>, pool: &WorkerPool, op: &str) -> Result<()> {
         .as_any()
         .downcast_ref::<RayBackend>()
         .expect("a Ray pool's backend");
-    let mut held = Vec::with_capacity(pool.size());
-    for _ in 0..pool.size() {
-        held.push(checkout(py, op, pool, backend, versions)?);
+    // The missing actors' places are taken at once (a call meanwhile waits or uses another), so
+    // this never waits for a call, nor for another `fill`.
+    let ids: Vec<u64> = {
+        let mut st = backend.lock();
+        let missing = pool.size().saturating_sub(st.live);
+        (0..missing)
+            .map(|_| {
+                st.live += 1;
+                st.next_id += 1;
+                st.next_id - 1
+            })
+            .collect()
+    };
+    let mut first_error = None;
+    for id in ids {
+        match start(py, op, pool, id, versions) {
+            Ok(a) => backend.lock().idle.push(a),
+            Err(e) => {
+                backend.lock().live -= 1;
+                first_error.get_or_insert(e);
+            }
+        }
+        backend.freed.notify_one();
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Unloads from `actor` the modules of ops that are gone.
@@ -768,7 +826,7 @@ fn failed(
     };
     match how.as_deref() {
         Some("timeout") => {
-            lease.discard(py, true);
+            lease.discard(py, true, true);
             Error::op_failure(
                 op,
                 ErrorKind::Timeout,
@@ -785,7 +843,8 @@ fn failed(
             )
         }
         Some(_) => {
-            lease.discard(py, false);
+            // Lost already; killed too, in case only its node's link to the driver was.
+            lease.discard(py, true, false);
             lost(
                 op,
                 id,

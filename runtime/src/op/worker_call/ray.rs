@@ -120,6 +120,11 @@ impl OpInner {
     ) -> Result<T> {
         ready();
         let load = workers.load(&self.name, self.worker_body_now().0);
+        let bytes_in = prepared
+            .iter()
+            .flat_map(|p| p.iter())
+            .map(|p| p.tensor.elem_count() * p.tensor.dtype().size_in_bytes())
+            .sum::<usize>() as u64;
         self.run_python(device, |py| {
             let py_err = |e: PyErr| python_error(py, &self.name, e);
             let tuples = groups
@@ -138,7 +143,7 @@ impl OpInner {
                 list,
                 None,
                 self.timeout,
-                0,
+                bytes_in,
             )?;
             match reply {
                 RayReply::Value(value) | RayReply::Wrote(value) => check(py, &value),
