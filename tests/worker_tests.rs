@@ -3452,4 +3452,14 @@ fn no_ray_child() {
         "{text}"
     );
     assert!(text.contains("pip install ray"), "{text}");
+    // A join that failed is not tried again for 30 s: the next call says the same at once.
+    let again = op.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::ClusterUnavailable, "{again}");
+    assert!(again.to_string().contains("pip install ray"), "{again}");
+    assert!(
+        again
+            .to_string()
+            .contains("(an attempt 0 s ago; the next one 30 s after it)"),
+        "{again}"
+    );
 }

@@ -28,6 +28,8 @@ const ACTOR_PY: &str = concat!(
     include_str!("../../worker/host.py"),
     include_str!("actor.py")
 );
+/// How long a failed join of a cluster is not tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// How long an actor may take to be placed, start and say where it runs.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -208,6 +210,24 @@ fn driver_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
 /// Connects the program's interpreter to `spec`'s cluster (once per process: a Ray driver joins
 /// one cluster) and returns the driver's versions.
 fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Versions> {
+    // A join that failed (Ray retries for about 20 s first) is not tried again for a while: the
+    // calls meanwhile fail at once, with its reason.
+    static FAILED: Mutex<Option<(Instant, Option<String>, String)>> = Mutex::new(None);
+    if DRIVER.get(py).is_none() {
+        if let Some((at, address, why)) = &*FAILED.lock().unwrap_or_else(|e| e.into_inner()) {
+            let ago = at.elapsed();
+            if *address == spec.address && ago < RETRY_AFTER {
+                return Err(unavailable(
+                    op,
+                    format!(
+                        "{why} (an attempt {} s ago; the next one {} s after it)",
+                        ago.as_secs(),
+                        RETRY_AFTER.as_secs()
+                    ),
+                ));
+            }
+        }
+    }
     let (_, versions, joined) = DRIVER.get_or_try_init(py, || {
         if let Some(address) = &spec.address {
             reachable(op, address)?;
@@ -218,7 +238,15 @@ fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Ve
         let connect = ns.get_item("connect").ok().flatten().expect("defined");
         let versions = connect
             .call1((spec.address.as_deref(), spec.namespace.as_str(), ACTOR_PY))
-            .map_err(|e| cannot_connect(py, op, spec, &e))?;
+            .map_err(|e| {
+                let err = cannot_connect(py, op, spec, &e);
+                *FAILED.lock().unwrap_or_else(|e| e.into_inner()) = Some((
+                    Instant::now(),
+                    spec.address.clone(),
+                    err.message().into_owned(),
+                ));
+                err
+            })?;
         let get = |k: &str| -> String {
             versions
                 .get_item(k)
