@@ -143,6 +143,14 @@ impl RayBackend {
     }
 }
 
+/// The Ray backend `RayBackend::of` made.
+fn ray_backend(backend: &Arc<dyn Backend>) -> &RayBackend {
+    backend
+        .as_any()
+        .downcast_ref::<RayBackend>()
+        .expect("a Ray pool's backend")
+}
+
 /// An actor taken for one call: back to the pool when dropped, unless the call lost it.
 struct Lease<'a> {
     backend: &'a RayBackend,
@@ -180,6 +188,12 @@ impl Lease<'_> {
 
     fn actor(&mut self) -> &mut Actor {
         self.actor.as_mut().expect("a leased actor")
+    }
+
+    /// The actor's id, pid and node address, for errors and traces.
+    fn where_(&mut self) -> (u64, u32, String) {
+        let a = self.actor();
+        (a.info.id, a.info.pid, a.info.ip.clone())
     }
 
     /// The actor is gone (lost, or killed on a time limit): not returned, and a new one may
@@ -595,42 +609,18 @@ pub(crate) fn call<'py>(
     let spec = pool.ray_spec().expect("a Ray pool");
     let versions = connect(py, op, spec)?;
     let backend_arc = RayBackend::of(pool);
-    let backend = backend_arc
-        .as_any()
-        .downcast_ref::<RayBackend>()
-        .expect("a Ray pool's backend");
+    let backend = ray_backend(&backend_arc);
     let mut lease = checkout(py, op, pool, backend, versions)?;
     lease.count_call();
-    let (id, pid, ip) = {
-        let a = lease.actor();
-        (a.info.id, a.info.pid, a.info.ip.clone())
-    };
+    let (id, pid, ip) = lease.where_();
     let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid, node = %ip).entered();
     let py_err = |e: PyErr| crate::python::errors::python_error(py, op, e);
     unload_dropped(py, pool, lease.actor());
-    let key = (load.key.base.as_str(), load.key.generation);
-    if lease.actor().loaded.get(key.0) != Some(&key.1) {
-        // The actor drops the op's other generations before it loads this one, loaded or not.
-        lease.actor().loaded.remove(key.0);
-        let handle = lease.actor().handle.clone_ref(py);
-        let loaded = driver_fn(py, "load")
-            .and_then(|f| f.call1((handle, &*load.message, LOAD_TIMEOUT.as_secs_f64())));
-        match loaded {
-            Ok(v) if v.is_none() => {
-                lease.actor().loaded.insert(key.0.to_owned(), key.1);
-            }
-            Ok(v) => {
-                return match exc_info(&v) {
-                    Ok(exc) => Ok((RayReply::Raised { exc, actor: id }, id, ip)),
-                    Err(m) => {
-                        lease.discard(py, true, false);
-                        Err(lost(op, id, pid, &ip, &m))
-                    }
-                };
-            }
-            Err(e) => return Err(failed(py, op, lease, &e, Some(LOAD_TIMEOUT), true)),
-        }
+    let (mut lease, raised) = load_on(py, op, lease, load)?;
+    if let Some(exc) = raised {
+        return Ok((RayReply::Raised { exc, actor: id }, id, ip));
     }
+    let key = (load.key.base.as_str(), load.key.generation);
     let handle = lease.actor().handle.clone_ref(py);
     let reply = driver_fn(py, "call").and_then(|f| {
         f.call1((
@@ -729,37 +719,15 @@ pub(crate) fn check(
     let spec = pool.ray_spec().expect("a Ray pool");
     let versions = connect(py, op, spec)?;
     let backend_arc = RayBackend::of(pool);
-    let backend = backend_arc
-        .as_any()
-        .downcast_ref::<RayBackend>()
-        .expect("a Ray pool's backend");
+    let backend = ray_backend(&backend_arc);
     let mut lease = checkout(py, op, pool, backend, versions)?;
     lease.count_call();
-    let (id, pid, ip) = {
-        let a = lease.actor();
-        (a.info.id, a.info.pid, a.info.ip.clone())
-    };
-    let handle = lease.actor().handle.clone_ref(py);
-    let loaded = driver_fn(py, "load")
-        .and_then(|f| f.call1((&handle, &*load.message, LOAD_TIMEOUT.as_secs_f64())));
-    match loaded {
-        Ok(v) if v.is_none() => {
-            lease
-                .actor()
-                .loaded
-                .insert(load.key.base.clone(), load.key.generation);
-        }
-        Ok(v) => {
-            return match exc_info(&v) {
-                Ok(exc) => Ok(Err((exc, id))),
-                Err(m) => {
-                    lease.discard(py, true, false);
-                    Err(lost(op, id, pid, &ip, &m))
-                }
-            };
-        }
-        Err(e) => return Err(failed(py, op, lease, &e, Some(LOAD_TIMEOUT), true)),
+    let id = lease.actor().info.id;
+    let (mut lease, raised) = load_on(py, op, lease, load)?;
+    if let Some(exc) = raised {
+        return Ok(Err((exc, id)));
     }
+    let handle = lease.actor().handle.clone_ref(py);
     let key = (load.key.base.as_str(), load.key.generation);
     match driver_fn(py, "ping")
         .and_then(|f| f.call1((&handle, key, functions.to_vec(), LOAD_TIMEOUT.as_secs_f64())))
@@ -771,15 +739,48 @@ pub(crate) fn check(
     }
 }
 
+/// Has the leased actor load `load` unless it has it; gives the lease back, with the exception
+/// loading raised if it did. A wait that failed, or an answer pyop's actor never gives, ends the
+/// lease (`failed`, `lost`).
+fn load_on<'a>(
+    py: Python<'_>,
+    op: &str,
+    mut lease: Lease<'a>,
+    load: &Load,
+) -> Result<(Lease<'a>, Option<ExcInfo>)> {
+    let (base, generation) = (&load.key.base, load.key.generation);
+    let actor = lease.actor();
+    if actor.loaded.get(base) == Some(&generation) {
+        return Ok((lease, None));
+    }
+    // The actor drops the op's other generations before it loads this one, loaded or not.
+    actor.loaded.remove(base);
+    let handle = actor.handle.clone_ref(py);
+    let loaded = driver_fn(py, "load")
+        .and_then(|f| f.call1((handle, &*load.message, LOAD_TIMEOUT.as_secs_f64())));
+    match loaded {
+        Ok(v) if v.is_none() => {
+            lease.actor().loaded.insert(base.clone(), generation);
+            Ok((lease, None))
+        }
+        Ok(v) => match exc_info(&v) {
+            Ok(exc) => Ok((lease, Some(exc))),
+            Err(m) => {
+                let (id, pid, ip) = lease.where_();
+                lease.discard(py, true, false);
+                Err(lost(op, id, pid, &ip, &m))
+            }
+        },
+        Err(e) => Err(failed(py, op, lease, &e, Some(LOAD_TIMEOUT), true)),
+    }
+}
+
 /// Starts actors until `pool`'s size run (one after another: Ray places and starts each).
 pub(crate) fn fill(py: Python<'_>, pool: &WorkerPool, op: &str) -> Result<()> {
     let spec = pool.ray_spec().expect("a Ray pool");
     let versions = connect(py, op, spec)?;
     let backend_arc = RayBackend::of(pool);
-    let backend = backend_arc
-        .as_any()
-        .downcast_ref::<RayBackend>()
-        .expect("a Ray pool's backend");
+    let backend = ray_backend(&backend_arc);
     // The missing actors' places are taken at once (a call meanwhile waits or uses another), so
     // this never waits for a call, nor for another `fill`.
     let ids: Vec<u64> = {
@@ -839,10 +840,7 @@ fn failed(
     timeout: Option<Duration>,
     loading: bool,
 ) -> Error {
-    let (id, pid, ip) = {
-        let a = lease.actor();
-        (a.info.id, a.info.pid, a.info.ip.clone())
-    };
+    let (id, pid, ip) = lease.where_();
     let how: Option<String> = driver_fn(py, "failure")
         .and_then(|f| f.call1((e.value(py),)))
         .and_then(|k| k.extract())

@@ -107,3 +107,19 @@ pub(crate) fn worker_error(
         Phase::Call => worker_exception(py, op, exc),
     }
 }
+
+/// A body that lacks functions its op calls (`where_`: "in a worker", "on a Ray actor").
+pub(crate) fn missing_functions(op: &str, body: &str, where_: &str, missing: &[String]) -> Error {
+    Error::op_failure(
+        op,
+        ErrorKind::MissingFunction,
+        format!(
+            "{where_}, {body} defines no callable {}",
+            missing
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}

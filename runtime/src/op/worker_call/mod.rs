@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device};
 
 use self::encode::{Group, WireInputs};
-use self::errors::{lost_call, start_error, worker_error};
+use self::errors::{lost_call, missing_functions, start_error, worker_error};
 use self::launch::launch;
 use self::load::Workers;
 use crate::arg::Arg;
@@ -26,7 +26,7 @@ use crate::body::source::Source;
 use crate::bridge::outputs::{known_shape, OutputCheck, Outputs, Role};
 use crate::bridge::prepare::Prepared;
 use crate::bridge::with_gil;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::op::{OpInner, PyOp};
 use crate::spec::OutSpec;
 use crate::worker::exchange::{Answered, Exchange, LOAD_TIMEOUT};
@@ -261,18 +261,11 @@ impl OpInner {
             other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
         };
         if !missing.is_empty() {
-            return Err(Error::op_failure(
+            return Err(missing_functions(
                 op,
-                ErrorKind::MissingFunction,
-                format!(
-                    "in a worker, {} defines no callable {}",
-                    self.body_named(),
-                    missing
-                        .iter()
-                        .map(|m| format!("`{m}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+                &self.body_named(),
+                "in a worker",
+                &missing,
             ));
         }
         Ok(())

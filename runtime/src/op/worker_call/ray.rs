@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::encode::numpy_name;
-use super::errors::worker_error;
+use super::errors::{missing_functions, worker_error};
 use super::load::Workers;
 use super::out_shapes;
 use crate::arg::Arg;
@@ -17,7 +17,7 @@ use crate::bridge::args::{python_args, python_tuple, Lists};
 use crate::bridge::outputs::{outputs_from_python, OutputCheck, Outputs, Role};
 use crate::bridge::prepare::{Passing, Prepared};
 use crate::bridge::ray::{self, RayReply};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::op::OpInner;
 use crate::python::errors::python_error;
 
@@ -178,18 +178,11 @@ impl OpInner {
         })?
         .0;
         if !missing.is_empty() {
-            return Err(Error::op_failure(
+            return Err(missing_functions(
                 op,
-                ErrorKind::MissingFunction,
-                format!(
-                    "on a Ray actor, {} defines no callable {}",
-                    self.body_named(),
-                    missing
-                        .iter()
-                        .map(|m| format!("`{m}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+                &self.body_named(),
+                "on a Ray actor",
+                &missing,
             ));
         }
         Ok(())
