@@ -312,6 +312,24 @@ fn connect<'py>(py: Python<'py>, op: &str, spec: &RayPool) -> Result<&'static Ve
     Ok(versions)
 }
 
+/// `arm_exit` after a call: Ray first uses some statics on a call's path (its object store, for
+/// arguments and replies over 100 KiB). After each of a program's first 256 calls, then at most
+/// every 10 s, so the list of exit functions stays short.
+fn arm_exit_after_call() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    if CALLS.fetch_add(1, Relaxed) < 256 {
+        arm_exit();
+        return;
+    }
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+        *last = Some(Instant::now());
+        arm_exit();
+    }
+}
+
 /// Registers the disconnect at exit (again). `atexit` functions run in the reverse order of
 /// their registration, and Ray's C++ code registers the destructors of its statics as it first
 /// uses them (when an actor starts or dies): a disconnect registered before them would run after
@@ -704,6 +722,7 @@ pub(crate) fn call<'py>(
         }
     };
     lease.bytes = (bytes_in, bytes_out);
+    arm_exit_after_call();
     Ok((result, id, ip))
 }
 
