@@ -364,31 +364,62 @@ macro_rules! bail {
 pub(crate) use bail;
 
 /// A pyop error inside candle's `Error::Wrapped`, whose text is the error's own
-/// (`WrappedContext`, the one candle variant that can be downcast, adds its context on a line of
-/// its own). A `Wrapped` holds only a `dyn Display`, so live ones are known by address: the
-/// conversion back recovers the error, kind and all.
-struct Carried(Option<Error>);
+/// (`WrappedContext`, the one candle variant that can be downcast, shows its payload's `Debug`
+/// and adds a context line). A `Wrapped` holds only a `dyn Display`, which cannot be downcast, so
+/// the conversion back asks the value itself: it formats the value while [`PROBE`] names the
+/// value's address, and a `Carried` at that address hands its error over through [`PROBE`].
+/// Nothing is cast and nothing is trusted by address: a user's value at any address only gets
+/// formatted (into a sink that refuses every byte), and a `Carried` elsewhere that it forwards to
+/// keeps its error (its own address is not the one asked for).
+struct Carried(std::sync::Mutex<Option<Error>>);
 
-/// The addresses of the live [`Carried`]s.
-static CARRIED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<usize>>> =
-    std::sync::LazyLock::new(Default::default);
+/// What a conversion back asks: the address of the value being probed, and the error a `Carried`
+/// at that address handed over.
+struct Probe {
+    at: std::cell::Cell<usize>,
+    taken: std::cell::RefCell<Option<Error>>,
+}
 
-fn carried() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
-    CARRIED.lock().unwrap_or_else(|e| e.into_inner())
+thread_local! {
+    static PROBE: Probe = const {
+        Probe { at: std::cell::Cell::new(0), taken: std::cell::RefCell::new(None) }
+    };
+}
+
+impl Carried {
+    fn error(&self) -> std::sync::MutexGuard<'_, Option<Error>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl fmt::Display for Carried {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        let asked = PROBE
+            .try_with(|p| p.at.get() == self as *const Carried as usize)
+            .unwrap_or(false);
+        if asked {
+            // The value being converted back is this one: hand its error over, write nothing.
+            let taken = self.error().take();
+            let _ = PROBE.try_with(|p| {
+                p.at.set(0);
+                *p.taken.borrow_mut() = taken;
+            });
+            return Ok(());
+        }
+        match &*self.error() {
             Some(e) => fmt::Display::fmt(e, f),
             None => Ok(()),
         }
     }
 }
 
-impl Drop for Carried {
-    fn drop(&mut self) {
-        carried().remove(&(self as *const Carried as usize));
+/// A `fmt::Write` that takes nothing: a probed value's text is never needed, so formatting stops
+/// at its first write.
+struct Refuse;
+
+impl fmt::Write for Refuse {
+    fn write_str(&mut self, _: &str) -> fmt::Result {
+        Err(fmt::Error)
     }
 }
 
@@ -397,14 +428,20 @@ fn uncarry(
     wrapped: Box<dyn fmt::Display + Send + Sync>,
 ) -> std::result::Result<Error, Box<dyn fmt::Display + Send + Sync>> {
     let at = &*wrapped as *const (dyn fmt::Display + Send + Sync) as *const () as usize;
-    if !carried().remove(&at) {
-        return Err(wrapped);
+    let asked = PROBE.try_with(|p| {
+        // A probe inside a probe (a user's `Display` converting another error): put the outer one
+        // back afterwards.
+        let outer = p.at.replace(at);
+        let _ = fmt::write(&mut Refuse, format_args!("{wrapped}"));
+        p.at.set(outer);
+        p.taken.borrow_mut().take()
+    });
+    match asked {
+        Ok(Some(e)) => Ok(e),
+        // Not a `Carried`, or this thread's storage is gone (a thread-local destructor): the
+        // error stays candle's, with the same text.
+        _ => Err(wrapped),
     }
-    // SAFETY: an address is in CARRIED only from `From<Error>`'s boxing of a `Carried` until
-    // that `Carried` is dropped, and no other allocation can sit at a live one's address: the
-    // data of `wrapped`, which we own, is that `Carried`, allocated by `Box` with its layout.
-    let mut carried = unsafe { Box::from_raw(Box::into_raw(wrapped) as *mut Carried) };
-    Ok(carried.0.take().expect("a live Carried holds its error"))
 }
 
 impl From<candle_core::Error> for Error {
@@ -458,11 +495,7 @@ impl From<Error> for candle_core::Error {
     fn from(err: Error) -> Self {
         match err {
             Error::Candle(e) => e,
-            e => {
-                let boxed = Box::new(Carried(Some(e)));
-                carried().insert(&*boxed as *const Carried as usize);
-                candle_core::Error::Wrapped(boxed)
-            }
+            e => candle_core::Error::Wrapped(Box::new(Carried(std::sync::Mutex::new(Some(e))))),
         }
     }
 }
@@ -499,10 +532,81 @@ mod tests {
             context: "loading".into(),
         };
         assert_eq!(Error::from(wrapped).kind(), ErrorKind::Source);
-        let live = super::carried().len();
-        let c = candle_core::Error::from(Error::op_failure("op_c", ErrorKind::Source, "x"));
-        assert_eq!(super::carried().len(), live + 1);
-        drop(c);
-        assert_eq!(super::carried().len(), live);
+    }
+
+    /// The third audit's finding 1: a carried error moved out of its box (`Arc::from` frees the
+    /// box without dropping the value) and a user's value allocated at the freed address. The
+    /// user's value must stay the user's: its `Drop` runs, and it converts as a candle error.
+    #[test]
+    fn a_value_at_a_freed_carried_address_stays_the_users() {
+        use std::fmt;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        static USER_DROPS: AtomicUsize = AtomicUsize::new(0);
+        // The layout of a `Carried`, so that the allocator gives it the freed box's memory.
+        struct UserWrapper(#[allow(dead_code)] std::sync::Mutex<Option<Error>>);
+        impl fmt::Display for UserWrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a user's own wrapper")
+            }
+        }
+        impl Drop for UserWrapper {
+            fn drop(&mut self) {
+                USER_DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+
+        let mut recycled = 0;
+        for _ in 0..64 {
+            let e = Error::op_failure("op_a", ErrorKind::Source, "inner");
+            let candle_core::Error::Wrapped(boxed) = candle_core::Error::from(e) else {
+                panic!("a pyop error crosses candle as `Wrapped`");
+            };
+            let old = &*boxed as *const _ as *const () as usize;
+            // The value moves into the Arc; the box's memory is freed without its `Drop`.
+            let moved: Arc<dyn fmt::Display + Send + Sync> = Arc::from(boxed);
+            let fake: Box<dyn fmt::Display + Send + Sync> = Box::new(UserWrapper(
+                std::sync::Mutex::new(Some(Error::op_failure("op_b", ErrorKind::Timeout, "other"))),
+            ));
+            recycled += usize::from(&*fake as *const _ as *const () as usize == old);
+            let drops = USER_DROPS.load(Ordering::SeqCst);
+            let back = Error::from(candle_core::Error::Wrapped(fake));
+            assert_eq!(back.kind(), ErrorKind::Candle);
+            assert_eq!(back.to_string(), "a user's own wrapper");
+            drop(back);
+            assert_eq!(USER_DROPS.load(Ordering::SeqCst), drops + 1);
+            // The moved error still shows its text (it is never recovered from the Arc).
+            assert!(moved.to_string().contains("inner"), "{moved}");
+        }
+        // The allocator reused the address at least once, or the test proved nothing.
+        assert!(recycled > 0, "no freed address was reused");
+    }
+
+    /// A user's value that shows a carried error by forwarding to it is not that error: the
+    /// carried one keeps its error and its text.
+    #[test]
+    fn a_forwarding_value_is_not_the_carried_error() {
+        use std::fmt;
+        use std::sync::Arc;
+
+        struct Forward(Arc<dyn fmt::Display + Send + Sync>);
+        impl fmt::Display for Forward {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+        let candle_core::Error::Wrapped(boxed) =
+            candle_core::Error::from(Error::op_failure("op_f", ErrorKind::Source, "kept"))
+        else {
+            panic!("a pyop error crosses candle as `Wrapped`");
+        };
+        let shared: Arc<dyn fmt::Display + Send + Sync> = Arc::from(boxed);
+        let back = Error::from(candle_core::Error::Wrapped(Box::new(Forward(
+            shared.clone(),
+        ))));
+        assert_eq!(back.kind(), ErrorKind::Candle);
+        assert!(back.to_string().contains("kept"), "{back}");
+        assert!(shared.to_string().contains("kept"), "{shared}");
     }
 }
