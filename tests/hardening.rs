@@ -1,5 +1,5 @@
-//! Regression tests for the adversarial audit (`../shared/reviews/adversarial-findings.md`,
-//! F1–F16): no crash, abort or memory error reachable from a body, panics and time limits that
+//! Regression tests for the adversarial audits (`../shared/reviews/adversarial-findings.md`,
+//! F1–F16; the third audit's findings as `a3_*`): no crash, abort or memory error reachable from a body, panics and time limits that
 //! hold. Each scenario runs in a child process of its own (this binary, `harness = false`, runs
 //! itself again with `PYOP_HARDENING=<scenario>`), so that a regression that aborts or segfaults
 //! fails that scenario instead of the whole run.
@@ -721,6 +721,300 @@ fn t1_exit_while_a_body_holds_the_gil() {
     std::mem::forget(ident);
 }
 
+// --- The third audit (`../shared/reviews/adversarial-findings-3.md`) ---
+
+/// A body whose result is a list sharing its items: `levels` doublings of `[1.0, 2.0]`, so
+/// 2^(levels+1) numbers in a few hundred bytes of Python.
+fn shared_list_body(name: &str, levels: u32) -> String {
+    format!(
+        "def {name}(x):\n    v = [1.0, 2.0]\n    for _ in range({levels}):\n        v = [v, v]\n    return v"
+    )
+}
+
+fn worker_numpy_op(name: &str, code: &str, pool: &pyop::WorkerPool) -> PyOp {
+    PyOp::builder(name)
+        .code(code)
+        .numpy()
+        .pool(pool)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap()
+}
+
+/// Finding 2: a list that names 2^40 numbers (16 TiB read as numbers) is a `MemoryError`, from
+/// a body in the program and from a worker's reply (a few hundred bytes pickled), never an
+/// abort. A tensor-mode body's `pyop.tensor(v)` too.
+fn a3_2_shared_lists() {
+    let x = t(&[1.]);
+    let body = shared_list_body("shared", 39);
+    expect_err(
+        &numpy_op("shared", &body),
+        &x,
+        ErrorKind::ResourceExhausted,
+        "MemoryError: Unable to allocate",
+    );
+    let pool = pyop::WorkerPool::new(1);
+    expect_err(
+        &worker_numpy_op("shared", &body, &pool),
+        &x,
+        ErrorKind::ResourceExhausted,
+        "MemoryError: Unable to allocate",
+    );
+    let made = tensor_op(
+        "shared_tensor",
+        "import pyop\ndef shared_tensor(x):\n    v = [1.0, 2.0]\n    for _ in range(39):\n        v = [v, v]\n    return pyop.tensor(v)",
+        DType::F32,
+    );
+    expect_err(&made, &x, ErrorKind::ResourceExhausted, "MemoryError");
+    // A list that fits is read whole, and a ragged one is refused as before.
+    let fits = numpy_op("fits", &shared_list_body("fits", 3));
+    let out = fits.call(&[Arg::from(&x)]).unwrap().remove(0);
+    assert_eq!(out.dims(), [2, 2, 2, 2]);
+    assert_eq!(
+        out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        [1., 2.].repeat(8)
+    );
+    expect_err(
+        &numpy_op("ragged", "def ragged(x):\n    return [[1.0], [2.0, 3.0]]"),
+        &x,
+        ErrorKind::OutputMismatch,
+        "ragged nested list: a list of 2 items where 1 were expected",
+    );
+    expect_err(
+        &numpy_op(
+            "ragged_deep",
+            "def ragged_deep(x):\n    return [1.0, [2.0]]",
+        ),
+        &x,
+        ErrorKind::OutputMismatch,
+        "ragged nested list (not rectangular)",
+    );
+}
+
+/// Finding 9: a call's time limit covers the check of its outputs: a list of 2^23 numbers that
+/// takes seconds to read stops at the limit, in the program and from a worker.
+fn a3_9_limit_covers_the_output_check() {
+    let x = t(&[1.]);
+    let limit = Duration::from_millis(300);
+    let body = shared_list_body("amplify", 22);
+    let pool = pyop::WorkerPool::new(1);
+    for op in [
+        numpy_op("amplify", &body),
+        worker_numpy_op("amplify", &body, &pool),
+    ] {
+        let started = Instant::now();
+        let err = op
+            .call_with(&[Arg::from(&x)], &CallOptions::new().timeout(limit))
+            .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(
+            err.to_string()
+                .contains("reading a list of numbers ran past the call's time limit"),
+            "{err}"
+        );
+        assert!(took < limit + Duration::from_millis(1500), "{took:?}");
+    }
+    // In a body, `pyop.tensor` of such a list stops at the body's limit as well.
+    let made = tensor_op(
+        "amplify_tensor",
+        "import pyop\ndef amplify_tensor(x):\n    v = [1.0, 2.0]\n    for _ in range(22):\n        v = [v, v]\n    return pyop.tensor(v)",
+        DType::F32,
+    );
+    let started = Instant::now();
+    let err = made
+        .call_with(&[Arg::from(&x)], &CallOptions::new().timeout(limit))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(started.elapsed() < limit + Duration::from_millis(1500));
+}
+
+/// Finding 3: reducing the empty axis of a tensor with no elements makes the product of the other
+/// axes: a `MemoryError` when that is too large, never an abort.
+fn a3_3_empty_reductions() {
+    let x = t(&[1.]);
+    for (name, expr) in [
+        ("sum0", "pyop.zeros((0, 2**40)).sum(0)"),
+        ("mean0", "pyop.zeros((0, 2**40)).mean(0)"),
+        ("sum1", "pyop.zeros((2**40, 0)).sum(1)"),
+        ("sum_keep", "pyop.zeros((0, 2**40)).sum(0, keepdim=True)"),
+        (
+            "sum_view",
+            "x[:0].reshape(0, 1).broadcast_to((0, 2**40)).sum(0)",
+        ),
+    ] {
+        let code = format!("import pyop\ndef {name}(x):\n    return {expr}");
+        expect_err(
+            &tensor_op(name, &code, DType::F32),
+            &x,
+            ErrorKind::ResourceExhausted,
+            "MemoryError",
+        );
+    }
+    // One that fits gives the zeros it should.
+    let small = tensor_op(
+        "sum_small",
+        "import pyop\ndef sum_small(x):\n    return pyop.zeros((0, 3)).sum(0)",
+        DType::F32,
+    );
+    assert_eq!(
+        small.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_vec1::<f32>()
+            .unwrap(),
+        [0.0; 3]
+    );
+}
+
+/// Finding 6: a `threading.local` value whose `__del__` calls Rust that takes the GIL (an exposed
+/// function using `Python::attach`, one calling an op) while the thread's kept thread state is
+/// deleted at the thread's end.
+fn a3_6_local_del_reenters() {
+    expose("a3_attach", |_| {
+        Ok(Value::I64(
+            pyo3::Python::attach(|py| py.import("sys").is_ok()) as i64,
+        ))
+    })
+    .unwrap();
+    let inner = tensor_op("a3_inner", "def a3_inner(x):\n    return x + 1", DType::F32);
+    let inner = std::sync::Arc::new(inner);
+    let called = inner.clone();
+    expose("a3_op", move |_| {
+        let y = called.call(&[Arg::from(&t(&[1.]))])?;
+        Ok(Value::F64(y[0].to_vec1::<f32>().unwrap()[0] as f64))
+    })
+    .unwrap();
+    static DELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    expose("a3_deleted", |_| {
+        DELS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Value::None)
+    })
+    .unwrap();
+    for f in ["a3_attach", "a3_op"] {
+        let code = format!(
+            "import threading, pyop\n_local = threading.local()\nclass Reenter:\n    def __del__(self):\n        pyop.rust.{f}()\n        pyop.rust.a3_deleted()\ndef keep(x):\n    _local.keep = Reenter()\n    return x + 1"
+        );
+        let op = std::sync::Arc::new(tensor_op("keep", &code, DType::F32));
+        for _ in 0..20 {
+            let op = op.clone();
+            std::thread::spawn(move || op.call(&[Arg::from(&t(&[1.]))]).unwrap())
+                .join()
+                .unwrap();
+        }
+    }
+    // Every thread's `__del__` ran to its end.
+    assert_eq!(DELS.load(std::sync::atomic::Ordering::SeqCst), 40);
+}
+
+/// Finding 7: an op called from a user's thread-local destructor, registered before the thread's
+/// first op call (so destroyed after pyop's thread-locals), works: tensor mode, numpy mode, a
+/// time limit, a gradient through candle.
+fn a3_7_op_in_a_user_tls_destructor() {
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex};
+    static RESULTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    struct CallsOnDrop(Vec<Arc<PyOp>>);
+    impl Drop for CallsOnDrop {
+        fn drop(&mut self) {
+            for op in &self.0 {
+                // The tensor-mode op's input is tracked (its gradient is candle's own); the
+                // numpy-mode one, which has no gradient, gets a plain tensor.
+                let x = pyop::candle::Var::new(&[2.0f32][..], &Device::Cpu).unwrap();
+                let x_in = match op.name() {
+                    "square" => x.as_tensor().clone(),
+                    _ => x.as_tensor().detach(),
+                };
+                let r = op
+                    .call_with(
+                        &[Arg::from(&x_in)],
+                        &CallOptions::new().timeout(Duration::from_secs(5)),
+                    )
+                    .and_then(|y| {
+                        let g = y[0].sum_all()?.backward()?;
+                        let dx = g.get(&x).map(|d| d.to_vec1::<f32>()).transpose()?;
+                        Ok(format!("{:?} {:?}", y[0].to_vec1::<f32>()?, dx))
+                    });
+                RESULTS.lock().unwrap().push(format!(
+                    "{}: {}",
+                    op.name(),
+                    r.unwrap_or_else(|e| e.to_string())
+                ));
+            }
+        }
+    }
+    thread_local! {
+        static MINE: RefCell<Option<CallsOnDrop>> = const { RefCell::new(None) };
+    }
+    let square = Arc::new(tensor_op(
+        "square",
+        "def square(x):\n    return x * x",
+        DType::F32,
+    ));
+    let twice = Arc::new(numpy_op("twice", "def twice(x):\n    return x * 2"));
+    let ops = vec![square.clone(), twice.clone()];
+    std::thread::spawn(move || {
+        // Set before the first op call: destroyed after pyop's own thread-locals.
+        MINE.with(|m| *m.borrow_mut() = Some(CallsOnDrop(ops)));
+        square.call(&[Arg::from(&t(&[1.]))]).unwrap();
+        twice.call(&[Arg::from(&t(&[1.]))]).unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        *RESULTS.lock().unwrap(),
+        ["square: [4.0] Some([4.0])", "twice: [4.0] None"]
+    );
+}
+
+/// Finding 5: `exit()` on a spawned thread that holds the GIL, after that thread kept a thread
+/// state: the process ends with the status given (it hung for ever waiting for its own GIL).
+/// Each case in a child of its own: one exits from Rust inside `Python::attach`, one from a
+/// body through libc.
+fn a3_5_exit_holding_the_gil() {
+    for (child, status) in [("a3_5_exit_in_attach", 7), ("a3_5_exit_from_body", 5)] {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.env("PYOP_HARDENING", child).env_remove("PYTHONHOME");
+        let out = output_within(cmd, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{child}: did not end within 30 s"));
+        assert_eq!(
+            out.status.code(),
+            Some(status),
+            "{child}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn a3_5_exit_in_attach() {
+    let op = tensor_op("ident", "def ident(x):\n    return x", DType::F32);
+    std::thread::spawn(move || {
+        op.call(&[Arg::from(&t(&[1.]))]).unwrap();
+        pyo3::Python::attach(|_py| std::process::exit(7));
+    })
+    .join()
+    .unwrap();
+    unreachable!("the thread exits the process");
+}
+
+fn a3_5_exit_from_body() {
+    let op = tensor_op(
+        "exits",
+        "import ctypes\ndef exits(x):\n    ctypes.PyDLL(None).exit(5)",
+        DType::F32,
+    );
+    std::thread::spawn(move || op.call(&[Arg::from(&t(&[1.]))]))
+        .join()
+        .unwrap()
+        .unwrap();
+    unreachable!("the body exits the process");
+}
+
+/// Scenarios run only as another scenario's child (they end the process themselves).
+const CHILDREN: &[(&str, fn())] = &[
+    ("a3_5_exit_in_attach", a3_5_exit_in_attach),
+    ("a3_5_exit_from_body", a3_5_exit_from_body),
+];
+
 const SCENARIOS: &[(&str, fn())] = &[
     ("f1_setstate", f1_setstate),
     ("f2_shapes", f2_shapes),
@@ -741,6 +1035,18 @@ const SCENARIOS: &[(&str, fn())] = &[
         "t1_exit_while_a_body_holds_the_gil",
         t1_exit_while_a_body_holds_the_gil,
     ),
+    ("a3_2_shared_lists", a3_2_shared_lists),
+    (
+        "a3_9_limit_covers_the_output_check",
+        a3_9_limit_covers_the_output_check,
+    ),
+    ("a3_3_empty_reductions", a3_3_empty_reductions),
+    ("a3_6_local_del_reenters", a3_6_local_del_reenters),
+    (
+        "a3_7_op_in_a_user_tls_destructor",
+        a3_7_op_in_a_user_tls_destructor,
+    ),
+    ("a3_5_exit_holding_the_gil", a3_5_exit_holding_the_gil),
 ];
 
 /// Runs `cmd` to its end and returns what it printed, or kills it and returns `None` if it runs
@@ -784,6 +1090,7 @@ fn main() {
     if let Ok(name) = std::env::var("PYOP_HARDENING") {
         let (_, f) = SCENARIOS
             .iter()
+            .chain(CHILDREN)
             .find(|(n, _)| *n == name)
             .expect("a scenario");
         f();

@@ -49,6 +49,8 @@ pub(crate) enum ConversionError {
     Invalid(String),
     /// Tensor-like, but larger than the memory the system will give (`alloc::check`).
     NoMemory(String),
+    /// The conversion was stopped: the call it belongs to ran past its time limit.
+    Overdue,
 }
 
 impl From<crate::alloc::Refusal> for ConversionError {
@@ -71,6 +73,9 @@ impl std::fmt::Display for ConversionError {
         match self {
             ConversionError::NotTensorLike(what) => write!(f, "cannot make a tensor from {what}"),
             ConversionError::Invalid(msg) | ConversionError::NoMemory(msg) => f.write_str(msg),
+            ConversionError::Overdue => {
+                f.write_str("reading a list of numbers ran past the call's time limit")
+            }
         }
     }
 }
@@ -83,6 +88,11 @@ impl From<ConversionError> for PyErr {
             ConversionError::NotTensorLike(_) => PyTypeError::new_err(e.to_string()),
             ConversionError::Invalid(msg) => PyValueError::new_err(msg),
             ConversionError::NoMemory(msg) => PyMemoryError::new_err(msg),
+            // The body's own limit: raised as the watchdog raises it, so the call reports it as
+            // its time limit (the body can no more catch it than the watchdog's).
+            ConversionError::Overdue => {
+                crate::python::exceptions::OpTimeout::new_err(e.to_string())
+            }
         }
     }
 }
@@ -153,9 +163,8 @@ fn convert(
         || value.is_instance_of::<PyFloat>()
         || value.is_instance_of::<PyList>()
     {
-        let mut leaves = Vec::new();
-        let mut dims = Vec::new();
-        collect_nested(value, 0, &mut dims, &mut leaves)?;
+        let leaves = nested_leaves(value, own.or(to))?;
+        let (dims, leaves) = (leaves.dims, leaves.values);
         let dtype = own.or(to).unwrap_or_else(|| infer_dtype(&leaves));
         let mut buf = Buffer::new(dtype);
         for s in leaves {
@@ -426,34 +435,71 @@ fn adopted(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: Option<DType>) -> Op
     }, _ => None)
 }
 
-/// Walks a (nested) list of numbers, checking it is rectangular.
 /// NumPy's limit on dimensions, and so on how deeply a list of numbers may nest.
 pub(crate) const MAX_DIMS: usize = 64;
 
-pub(crate) fn collect_nested(
-    v: &Bound<'_, PyAny>,
-    depth: usize,
-    dims: &mut Vec<usize>,
-    leaves: &mut Vec<Scalar>,
-) -> std::result::Result<(), String> {
-    if let Ok(list) = v.cast::<PyList>() {
-        if depth >= MAX_DIMS {
-            return Err(format!(
+/// The numbers of a (nested) list, and its shape.
+pub(crate) struct Leaves {
+    pub dims: Vec<usize>,
+    pub values: Vec<Scalar>,
+}
+
+/// How many numbers are read between two looks at the call's deadline.
+const DEADLINE_EVERY: usize = 1 << 16;
+
+/// Reads a (nested) list of numbers, checking it is rectangular. A list may hold one item many
+/// times (`[v, v]`), so a few bytes of Python can name 2^30 numbers: the shape comes first, from
+/// the first item at each level, and the numbers it implies are checked as every allocation a
+/// body controls is (`alloc::check`, for the numbers read and for the tensor made of them,
+/// `dtype`'s when known) before any is read; reading stops when the call runs past its time
+/// limit.
+pub(crate) fn nested_leaves(
+    value: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+) -> std::result::Result<Leaves, ConversionError> {
+    let mut dims = Vec::new();
+    let mut at = value.clone();
+    while let Ok(list) = at.cast::<PyList>() {
+        if dims.len() >= MAX_DIMS {
+            return Err(ConversionError::Invalid(format!(
                 "lists nested more than {MAX_DIMS} levels deep: a tensor has at most {MAX_DIMS} \
                  dimensions, as a NumPy array does"
-            ));
+            )));
         }
+        dims.push(list.len());
+        let Ok(first) = list.get_item(0) else {
+            break;
+        };
+        at = first;
+    }
+    let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    // The numbers as read (a `Scalar` each), then the tensor made of them.
+    let scalars = n.and_then(|n| n.checked_mul(std::mem::size_of::<Scalar>()));
+    crate::alloc::check(scalars, DType::U8)?;
+    crate::alloc::check(n, dtype.unwrap_or(DType::F64))?;
+    let mut values = Vec::with_capacity(n.unwrap_or(0));
+    collect_nested(value, 0, &dims, &mut values)?;
+    Ok(Leaves { dims, values })
+}
+
+/// Walks a (nested) list of numbers of shape `dims` (the first items' lengths), checking it is
+/// rectangular: it holds exactly the numbers `dims` implies.
+fn collect_nested(
+    v: &Bound<'_, PyAny>,
+    depth: usize,
+    dims: &[usize],
+    leaves: &mut Vec<Scalar>,
+) -> std::result::Result<(), ConversionError> {
+    if let Ok(list) = v.cast::<PyList>() {
+        let Some(&want) = dims.get(depth) else {
+            return Err("ragged nested list (not rectangular)".to_owned().into());
+        };
         let n = list.len();
-        if depth == dims.len() {
-            if !leaves.is_empty() {
-                return Err("ragged nested list (not rectangular)".into());
-            }
-            dims.push(n);
-        } else if dims[depth] != n {
+        if n != want {
             return Err(format!(
-                "ragged nested list: a list of {n} items where {} were expected",
-                dims[depth]
-            ));
+                "ragged nested list: a list of {n} items where {want} were expected"
+            )
+            .into());
         }
         for item in list.iter() {
             collect_nested(&item, depth + 1, dims, leaves)?;
@@ -461,7 +507,12 @@ pub(crate) fn collect_nested(
         return Ok(());
     }
     if depth != dims.len() {
-        return Err("ragged nested list: a number where a list was expected".into());
+        return Err("ragged nested list: a number where a list was expected"
+            .to_owned()
+            .into());
+    }
+    if leaves.len() % DEADLINE_EVERY == DEADLINE_EVERY - 1 && crate::python::timeout::overdue() {
+        return Err(ConversionError::Overdue);
     }
     leaves.push(scalar(v)?);
     Ok(())

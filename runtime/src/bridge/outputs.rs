@@ -171,6 +171,14 @@ pub(crate) fn value_to_tensor(
                 format!("{what} {index}: MemoryError: {msg}"),
             ))
         }
+        Err(e @ ConversionError::Overdue) => {
+            return Err(Error::mismatch(
+                check.op,
+                ErrorKind::Timeout,
+                Some(index),
+                format!("{what} {index}: {e}"),
+            ))
+        }
     };
     let shape_ok = match spec.like {
         Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),

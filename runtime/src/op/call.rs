@@ -84,6 +84,8 @@ impl PyOp {
             prepared
         };
         let timeout = options.timeout.or(op.timeout);
+        // The limit covers the whole call: the output check after the body too.
+        let _deadline = crate::python::timeout::Deadline::enter(timeout);
         let outputs = match &op.workers {
             Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?,
             None => op.run_python(&device, |py| {

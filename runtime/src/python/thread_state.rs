@@ -20,9 +20,14 @@
 //!   and released around each call exactly as before (`PyEval_SaveThread` right after the
 //!   creation), so it is held only while Python runs.
 //! - The destructor does nothing once the interpreter is finalizing or finalized (taking the GIL
-//!   then hangs or exits the thread, and finalization has freed the thread states), and nothing on
+//!   then hangs or exits the thread, and finalization has freed the thread states), nothing on
 //!   the process's main thread, whose thread-local destructors run inside `exit()`: waiting there
-//!   for the GIL another thread holds would stall the program's end for nothing.
+//!   for the GIL another thread holds would stall the program's end for nothing, and nothing on a
+//!   thread that holds the GIL as its thread-locals are destroyed (`exit()` called from Python on
+//!   that thread): taking the GIL would wait for itself.
+//! - The destructor clears the thread's Python objects with the thread state's counter above
+//!   zero, so Python code their `__del__` runs may take and let go the GIL (through pyop or
+//!   pyo3) without the thread state being deleted under it.
 //! - pyo3's own attach counter is untouched: between calls this thread is detached, as pyo3
 //!   expects of a thread whose count is zero.
 
@@ -40,12 +45,28 @@ impl Drop for Kept {
         if tstate.is_null() || is_main_thread() || !interpreter_running() {
             return;
         }
+        // SAFETY: the interpreter is running; this reads the runtime's current thread state.
+        if unsafe { ffi::PyGILState_Check() } == 1 {
+            // This thread holds the GIL while its thread-locals are destroyed: `exit()` called
+            // from Python (a body, or Rust inside `Python::attach`). Taking the GIL would wait
+            // for this very thread; the process is ending, and the thread state ends with it.
+            return;
+        }
         // SAFETY: `tstate` is the thread state this thread's outer `PyGILState_Ensure` made and
         // `PyEval_SaveThread` detached; the interpreter is running, so it was not freed.
-        // Restoring it takes the GIL; the `Release` matching that outer `Ensure` brings its
-        // counter to zero, which clears and deletes it and lets the GIL go.
+        // Restoring it takes the GIL. The thread's Python objects (its `threading.local` data)
+        // are cleared with the counter above zero, as CPython's own threads clear theirs: a
+        // `__del__` run by the clearing may take and let go the GIL through
+        // `PyGILState_Ensure`/`Release` (an exposed Rust function, an op) without bringing the
+        // counter to zero, which would delete the thread state under the running `__del__`.
+        // Then the `Release` of the extra `Ensure`, and the one matching the outer `Ensure`,
+        // which brings the counter to zero: it deletes the (now empty) thread state and lets
+        // the GIL go.
         unsafe {
             ffi::PyEval_RestoreThread(tstate);
+            let extra = ffi::PyGILState_Ensure();
+            ffi::PyThreadState_Clear(tstate);
+            ffi::PyGILState_Release(extra);
             ffi::PyGILState_Release(ffi::PyGILState_STATE::PyGILState_UNLOCKED);
         }
     }

@@ -179,13 +179,15 @@ thread_local! {
 
 impl Armed {
     fn new(state: Arc<AtomicU8>, thread: std::ffi::c_ulong) -> Self {
-        ENCLOSING.with(|s| s.borrow_mut().push(state.clone()));
+        // A call made by a thread-local destructor, after ENCLOSING is gone, is not known to
+        // calls it encloses (it encloses none it could re-raise for): never a panic there.
+        let _ = ENCLOSING.try_with(|s| s.borrow_mut().push(state.clone()));
         Armed { state, thread }
     }
 
     /// Marks the call done; whether the limit fired first.
     fn disarm(&self) -> bool {
-        ENCLOSING.with(|s| {
+        let _ = ENCLOSING.try_with(|s| {
             let mut s = s.borrow_mut();
             if let Some(i) = s.iter().rposition(|w| Arc::ptr_eq(w, &self.state)) {
                 s.remove(i);
@@ -198,11 +200,13 @@ impl Armed {
             unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(self.thread as _, std::ptr::null_mut()) };
             // That also cleared the interrupt of an enclosing call whose limit fired meanwhile
             // (the watchdog has dropped its watch): raise it again, for that call to see.
-            let enclosing_fired = ENCLOSING.with(|s| {
-                s.borrow()
-                    .iter()
-                    .any(|w| w.load(Ordering::Acquire) == FIRED)
-            });
+            let enclosing_fired = ENCLOSING
+                .try_with(|s| {
+                    s.borrow()
+                        .iter()
+                        .any(|w| w.load(Ordering::Acquire) == FIRED)
+                })
+                .unwrap_or(false);
             if enclosing_fired {
                 super::attach(|py| {
                     let exc = py.get_type::<OpTimeout>();
@@ -219,6 +223,42 @@ impl Drop for Armed {
     fn drop(&mut self) {
         self.disarm();
     }
+}
+
+thread_local! {
+    /// The earliest deadline of the limited calls running on this thread: Rust work a call does
+    /// while holding the GIL (reading a body's outputs, a conversion a body asked for) checks it,
+    /// since the watchdog's interrupt reaches Python bytecode only. No destructor: usable from
+    /// any thread-local destructor.
+    static DEADLINE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// While alive, [`overdue`] on this thread tells whether the call's time limit has passed. A
+/// call's limit covers all of it: the body, and the check of its outputs after it.
+pub(crate) struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// The deadline of a call with `limit` starting now (none without a limit); an enclosing
+    /// call's earlier deadline stays in force.
+    pub(crate) fn enter(limit: Option<Duration>) -> Self {
+        let Some(at) = limit.and_then(|l| Instant::now().checked_add(l)) else {
+            return Deadline(DEADLINE.get());
+        };
+        let outer = DEADLINE.get();
+        DEADLINE.set(Some(outer.map_or(at, |o| o.min(at))));
+        Deadline(outer)
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        DEADLINE.set(self.0);
+    }
+}
+
+/// Whether a limited call running on this thread is past its deadline.
+pub(crate) fn overdue() -> bool {
+    DEADLINE.get().is_some_and(|d| Instant::now() >= d)
 }
 
 /// Runs `body` (which calls into Python) under an optional time limit. A panic in Rust code the

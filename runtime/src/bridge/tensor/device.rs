@@ -10,23 +10,35 @@ thread_local! {
 }
 
 /// While alive, `pyop.tensor`, `zeros`, … on this thread make tensors on `device`.
-pub(crate) struct DeviceScope(());
+///
+/// An op called from a thread-local destructor that runs after this thread's `DEVICES` is gone
+/// has no scope: tensors a body makes land on the CPU (an op on the CPU, the usual case, sees no
+/// difference; one on a GPU gets the CPU tensors its body made, which candle's device checks
+/// refuse). Never a panic: a panic in a thread-local destructor aborts the process.
+pub(crate) struct DeviceScope(bool);
 
 impl DeviceScope {
     pub(crate) fn enter(device: &Device) -> Self {
-        DEVICES.with(|d| d.borrow_mut().push(device.clone()));
-        DeviceScope(())
+        DeviceScope(
+            DEVICES
+                .try_with(|d| d.borrow_mut().push(device.clone()))
+                .is_ok(),
+        )
     }
 }
 
 impl Drop for DeviceScope {
     fn drop(&mut self) {
-        DEVICES.with(|d| d.borrow_mut().pop());
+        if self.0 {
+            let _ = DEVICES.try_with(|d| d.borrow_mut().pop());
+        }
     }
 }
 
 pub(crate) fn current_device() -> Device {
     DEVICES
-        .with(|d| d.borrow().last().cloned())
+        .try_with(|d| d.borrow().last().cloned())
+        .ok()
+        .flatten()
         .unwrap_or(Device::Cpu)
 }

@@ -416,6 +416,16 @@ impl PyTensor {
             DType::F64
         };
         allocatable(Some(self.n()), widest, "the reduction's input")?;
+        // Each step's result too: reducing an empty axis of a tensor with no elements gives the
+        // product of the other axes (`zeros((0, 2**40)).sum(0)` has 2^40), which no input check
+        // bounds.
+        if let Some(dims) = &dims {
+            let mut shape = t.dims().to_vec();
+            for &d in dims.iter().rev() {
+                shape[d] = 1;
+                allocatable(elem_count(&shape), widest, "the reduction's result")?;
+            }
+        }
         compute(py, self.n(), || {
             let Some(dims) = dims else {
                 let r = f(&t.flatten_all()?, 0)?;

@@ -14,18 +14,28 @@ pub(crate) fn gradients_run<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
     impl Drop for Restore {
         fn drop(&mut self) {
             let outer = self.0.take();
-            GRADIENTS_RUN.with(|g| *g.borrow_mut() = outer);
+            let _ = GRADIENTS_RUN.try_with(|g| *g.borrow_mut() = outer);
         }
     }
-    let restore = Restore(GRADIENTS_RUN.with(|g| g.borrow_mut().replace(Vec::new())));
+    // On a thread whose thread-locals are gone (a backward pass run by a thread-local
+    // destructor) nothing is recorded: never a panic, which would abort the process there.
+    let restore = Restore(
+        GRADIENTS_RUN
+            .try_with(|g| g.borrow_mut().replace(Vec::new()))
+            .ok()
+            .flatten(),
+    );
     let r = f();
-    let ran = GRADIENTS_RUN.with(|g| g.borrow_mut().take());
+    let ran = GRADIENTS_RUN
+        .try_with(|g| g.borrow_mut().take())
+        .ok()
+        .flatten();
     drop(restore);
     (r, ran.unwrap_or_default())
 }
 
 pub(super) fn note_gradient_run(op: &str) {
-    GRADIENTS_RUN.with(|g| {
+    let _ = GRADIENTS_RUN.try_with(|g| {
         if let Some(ran) = g.borrow_mut().as_mut() {
             if !ran.iter().any(|r| r == op) {
                 ran.push(op.to_owned());
