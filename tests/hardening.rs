@@ -766,6 +766,41 @@ fn a3_2_shared_lists() {
         DType::F32,
     );
     expect_err(&made, &x, ErrorKind::ResourceExhausted, "MemoryError");
+    // Passed to a Rust function: its values are counted (each list once) before any is made.
+    expose("a3_count", |args| {
+        fn count(v: &Value) -> i64 {
+            match v {
+                Value::List(items) => 1 + items.iter().map(count).sum::<i64>(),
+                _ => 1,
+            }
+        }
+        Ok(Value::I64(args.iter().map(count).sum()))
+    })
+    .unwrap();
+    let to_rust = tensor_op(
+        "shared_rust",
+        "import pyop
+def shared_rust(x):
+    v = [1.0, 2.0]
+    for _ in range(39):
+        v = [v, v]
+    return pyop.rust.a3_count(v)",
+        DType::I64,
+    );
+    expect_err(&to_rust, &x, ErrorKind::ResourceExhausted, "MemoryError");
+    let shared_ok = tensor_op(
+        "shared_rust_ok",
+        "import pyop
+def shared_rust_ok(x):
+    return pyop.rust.a3_count([[0.0] * 3] * 2)",
+        DType::I64,
+    );
+    assert_eq!(
+        shared_ok.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_scalar::<i64>()
+            .unwrap(),
+        1 + 2 * (1 + 3)
+    );
     // A list that fits is read whole, and a ragged one is refused as before.
     let fits = numpy_op("fits", &shared_list_body("fits", 3));
     let out = fits.call(&[Arg::from(&x)]).unwrap().remove(0);

@@ -726,6 +726,111 @@ fn workers_fork_from_one_single_threaded_zygote() {
     assert_eq!(family(&a)[1], fa[1]);
 }
 
+/// The program's descriptors (what each names) and child processes now.
+fn descriptors_and_children() -> (Vec<String>, Vec<String>) {
+    let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let to = std::fs::read_link(e.path()).ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            // A pidfd says which process it names.
+            let pid = std::fs::read_to_string(format!("/proc/self/fdinfo/{name}"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Pid:")
+                        .map(|p| format!(" (pid {})", p.trim()))
+                })
+                .unwrap_or_default();
+            Some(format!("{name} -> {}{pid}", to.display()))
+        })
+        .collect();
+    fds.sort();
+    let mut children: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flat_map(|t| {
+            let path = t.unwrap().path().join("children");
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            text.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    children.sort();
+    (fds, children)
+}
+
+/// Run by `nothing_stays_after_the_last_pool_is_dropped`, in a process of its own (the other
+/// tests' pools would keep the zygote).
+#[test]
+#[ignore = "a child process of nothing_stays_after_the_last_pool_is_dropped"]
+fn last_pool_child() {
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    // The interpreter and the watchdog first: they stay with the program.
+    let local = common::numpy_op(
+        "local",
+        "def f(x):\n    return x",
+        &[OutSpec::new(DType::F32)],
+    )
+    .unwrap();
+    local
+        .call_with(
+            &[Arg::from(&x)],
+            &CallOptions::new().timeout(Duration::from_secs(5)),
+        )
+        .unwrap();
+    let before = descriptors_and_children();
+    for round in 0..2 {
+        let (a, b) = (WorkerPool::new(2), WorkerPool::new(1));
+        let zygote = family(&a)[1];
+        assert_eq!(family(&b)[1], zygote, "one zygote for both pools");
+        assert_ne!(zygote, i64::from(std::process::id()), "forked by a zygote");
+        // A storm of time-limit kills in both pools.
+        let slow = "import time\ndef f(x):\n    time.sleep(10)\n    return x";
+        let ops = [
+            worker_op(&a, "slow_a", slow, &[OutSpec::new(DType::F32)]),
+            worker_op(&b, "slow_b", slow, &[OutSpec::new(DType::F32)]),
+        ];
+        for op in ops.iter().cycle().take(6) {
+            let err = op
+                .call_with(
+                    &[Arg::from(&x)],
+                    &CallOptions::new().timeout(Duration::from_millis(50)),
+                )
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        }
+        family(&a);
+        drop(ops);
+        drop(a);
+        // One pool left: the zygote stays for it.
+        assert!(
+            descriptors_and_children().1.contains(&zygote.to_string()),
+            "round {round}: the zygote ended with a pool still alive"
+        );
+        family(&b);
+        drop(b);
+        assert_eq!(
+            descriptors_and_children(),
+            before,
+            "round {round}: descriptors and child processes after the last pool was dropped"
+        );
+        // The zygote's process is gone (killed and reaped), not a zombie.
+        assert!(!std::path::Path::new(&format!("/proc/{zygote}")).exists());
+    }
+    println!("child: ok");
+}
+
+/// When the last worker pool is dropped, its workers and the zygote end: the program has the
+/// descriptors and child processes it had before it made a pool (also after time-limit kills),
+/// and a pool made later starts a zygote again.
+#[test]
+fn nothing_stays_after_the_last_pool_is_dropped() {
+    let (passed, text) = common::child_test(module_path!(), "last_pool_child", &[]);
+    assert!(passed && text.contains("child: ok"), "{text}");
+}
+
 /// Run by `without_the_zygote_workers_are_the_programs_children` with `PYOP_ZYGOTE=0`.
 #[test]
 #[ignore = "a child process of without_the_zygote_workers_are_the_programs_children"]

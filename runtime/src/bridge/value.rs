@@ -97,7 +97,43 @@ fn wrong(what: &str, got: &Value) -> Error {
 const MAX_NESTING: usize = 256;
 
 pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    // A list can hold one item many times (`[v, v]`), so a few bytes of Python can name more
+    // values than memory holds: they are counted first (each list once, so that costs what the
+    // Python objects do), and their memory checked as every allocation a body controls is.
+    let values = count_values(v, 0, &mut std::collections::HashMap::new());
+    let bytes = values.and_then(|n| n.checked_mul(std::mem::size_of::<Value>()));
+    crate::alloc::check(bytes, candle_core::DType::U8)
+        .map_err(crate::bridge::numbers::ConversionError::from)?;
     from_python_at(py, v, 0)
+}
+
+/// How many values `v` becomes (`None`: more than a `usize` counts), each list and tuple counted
+/// once however often it is held (`seen`, by address: they are alive while `v` is).
+fn count_values(
+    v: &Bound<'_, PyAny>,
+    depth: usize,
+    seen: &mut std::collections::HashMap<usize, Option<usize>>,
+) -> Option<usize> {
+    let items = if let Ok(list) = v.cast::<PyList>() {
+        list.iter().collect::<Vec<_>>()
+    } else if let Ok(tuple) = v.cast::<PyTuple>() {
+        tuple.iter().collect::<Vec<_>>()
+    } else {
+        return Some(1);
+    };
+    // Deeper than the walk goes: it refuses it, whatever the count.
+    if depth >= MAX_NESTING {
+        return Some(1);
+    }
+    let at = v.as_ptr() as usize;
+    if let Some(&n) = seen.get(&at) {
+        return n;
+    }
+    let n = items.iter().try_fold(1usize, |n, item| {
+        n.checked_add(count_values(item, depth + 1, seen)?)
+    });
+    seen.insert(at, n);
+    n
 }
 
 fn from_python_at(py: Python<'_>, v: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {

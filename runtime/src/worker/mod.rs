@@ -40,8 +40,9 @@ pub use ray::{RayActor, RayPool};
 /// [`OpBuilder::pool`](crate::OpBuilder::pool). Workers start on first use, up to `size`, and
 /// are replaced when one dies or is killed on a time limit; each runs one call at a time. Module
 /// state (globals, caches) is per worker. Cloning is cheap and shares the pool; when the last
-/// clone (and every op using it) is dropped, the workers end. They also end with the program,
-/// however it ends.
+/// clone (and every op using it) is dropped, the workers end, and with the program's last pool
+/// the zygote they are forked from: nothing of pyop's stays running. They also end with the
+/// program, however it ends.
 ///
 /// ```
 /// use pyop::candle::{DType, Device, Tensor};
@@ -95,6 +96,17 @@ pub(crate) trait Backend: Send + Sync {
     fn shutdown(&self) -> Vec<u64>;
     /// The backend itself, to be downcast by its layer.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // The idle workers first (those forked by the zygote are reaped through it), then the
+        // zygote itself when this was the last pool: nothing of pyop's keeps running.
+        drop(std::mem::take(
+            &mut self.state.get_mut().unwrap_or_else(|e| e.into_inner()).idle,
+        ));
+        zygote::pool_dropped();
+    }
 }
 
 struct PoolState {
@@ -172,6 +184,7 @@ impl WorkerPool {
     }
 
     fn with(size: usize, ray: Option<RayPool>) -> WorkerPool {
+        zygote::pool_made();
         WorkerPool {
             inner: Arc::new(PoolInner {
                 size: size.max(1),

@@ -44,22 +44,34 @@ fn bootstrap(version: [u32; 2]) -> String {
 }
 
 /// The read end of the pipe every worker's guardian waits on (its fd 4); the program holds the
-/// only write end, close-on-exec, for its whole life, so the guardian reads end-of-file exactly
-/// when the program has ended, however it ended, and kills its worker's process group.
+/// only write end, close-on-exec, while any worker pool exists, so the guardian reads end-of-file
+/// exactly when the program has ended, however it ended, and kills its worker's process group.
+/// Made by the first worker start, closed with the last pool ([`close_guardian_pipe`]).
 fn guardian_pipe() -> std::io::Result<RawFd> {
-    static PIPE: OnceLock<Option<(OwnedFd, OwnedFd)>> = OnceLock::new();
-    let pipe = PIPE.get_or_init(|| {
+    let mut pipe = GUARDIAN_PIPE.lock().unwrap_or_else(|e| e.into_inner());
+    if pipe.is_none() {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: pipe2 writes two descriptors into the array it is given.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-            return None;
+            return Err(std::io::Error::other(
+                "cannot make the workers' guardian pipe",
+            ));
         }
         // SAFETY: both descriptors were just made and are owned by nothing else.
-        Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-    });
-    pipe.as_ref()
-        .map(|(read, _write)| read.as_raw_fd())
-        .ok_or_else(|| std::io::Error::other("cannot make the workers' guardian pipe"))
+        *pipe = Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) });
+    }
+    Ok(pipe.as_ref().map_or(-1, |(read, _write)| read.as_raw_fd()))
+}
+
+static GUARDIAN_PIPE: std::sync::Mutex<Option<(OwnedFd, OwnedFd)>> = std::sync::Mutex::new(None);
+
+/// Closes the guardian pipe: called when the last worker pool is gone (so no worker is running
+/// or starting: a start holds its pool). A later start makes a new one.
+pub(crate) fn close_guardian_pipe() {
+    GUARDIAN_PIPE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
 }
 
 /// How long a worker may take to start (the interpreter and NumPy).

@@ -125,6 +125,58 @@ static ZYGOTE: Mutex<State> = Mutex::new(State::None);
 /// lives is known without waiting for one.
 static ZYGOTE_PIDFD: Mutex<Option<std::sync::Arc<OwnedFd>>> = Mutex::new(None);
 
+/// How many worker pools exist. The zygote ends with the last one, under this lock, so that a
+/// pool made meanwhile starts a new zygote rather than forking from one that is ending (lock
+/// order: `POOLS`, then `ZYGOTE`).
+static POOLS: Mutex<usize> = Mutex::new(0);
+
+/// A worker pool was made.
+pub(crate) fn pool_made() {
+    *POOLS.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+}
+
+/// A worker pool was dropped (its workers are gone): the last one ends the zygote (its socket and
+/// pidfd) and closes the workers' guardian pipe, so a program that has dropped its pools keeps no
+/// process or descriptor of pyop's.
+/// A pool made later starts a zygote again.
+pub(crate) fn pool_dropped() {
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    *pools = pools.saturating_sub(1);
+    if *pools > 0 {
+        return;
+    }
+    let ended = {
+        let mut state = lock();
+        if !matches!(*state, State::Running { .. }) {
+            // None started, or it broke: a broken one stays so (workers start directly).
+            drop(state);
+            process::close_guardian_pipe();
+            return;
+        }
+        std::mem::replace(&mut *state, State::None)
+    };
+    ZYGOTE_PIDFD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    // Killed and reaped (it is the program's own child) outside the zygote's lock, before the
+    // guardian pipe closes (its guardian would kill it too, under a reap in flight); both under
+    // `POOLS`, so no pool made meanwhile starts a worker whose guardian waits on the pipe that
+    // is closing.
+    drop(ended);
+    process::close_guardian_pipe();
+    drop(pools);
+}
+
+/// The zygote failed or died: workers start directly from now on. Its pidfd goes with it.
+fn break_zygote(state: &mut State) {
+    *state = State::Broken;
+    ZYGOTE_PIDFD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+}
+
 fn lock() -> std::sync::MutexGuard<'static, State> {
     ZYGOTE.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -159,7 +211,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
                     return Spawn::Refused(StartError::Failed(why));
                 }
                 tracing::debug!(why, "pyop zygote did not start: workers start directly");
-                *state = State::Broken;
+                break_zygote(&mut state);
                 return Spawn::Direct;
             }
         }
@@ -215,7 +267,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
         Err(f) => format!("{f:?}"),
     };
     tracing::debug!(why = broken, "pyop zygote failed: workers start directly");
-    *state = State::Broken;
+    break_zygote(&mut state);
     Spawn::Direct
 }
 
@@ -250,7 +302,7 @@ fn reap(pid: u32) -> Option<i32> {
     match zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT) {
         Ok(Reply::Reaped { status }) => Some(status),
         _ => {
-            *state = State::Broken;
+            break_zygote(&mut state);
             None
         }
     }
