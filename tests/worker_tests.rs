@@ -86,6 +86,40 @@ fn wrong_outputs_are_errors_naming_op_and_index_in_workers() {
     );
 }
 
+/// A body returning objects of generated classes (a new class name each call) is refused each
+/// call as the program would refuse it, and does not grow the program: the stand-in classes made
+/// for those names are bounded (third audit, finding 10: one class kept per name for ever).
+#[test]
+fn stand_ins_of_generated_classes_are_not_kept_without_bound() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let op = in_workers(
+        "import itertools, os\n_n = itertools.count()\n\
+         def f(x): return type('StandinGen%d_%d' % (os.getpid(), next(_n)), (), {})()",
+        &[OutSpec::new(DType::F32)],
+    );
+    for _ in 0..1000 {
+        let err = op.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{err}");
+        assert!(
+            err.to_string().contains("got a value of type `StandinGen"),
+            "{err}"
+        );
+    }
+    // The program's classes of those names still alive after a collection.
+    let live = program_op(
+        "live",
+        "import gc\ndef f(x):\n    gc.collect()\n    \
+         return np.array([sum(1 for o in gc.get_objects() if isinstance(o, type) \
+         and o.__qualname__.startswith('StandinGen'))], dtype=np.int64)",
+        &[OutSpec::new(DType::I64)],
+    )
+    .call(&[Arg::from(&x)])
+    .unwrap()[0]
+        .to_vec1::<i64>()
+        .unwrap()[0];
+    assert!((1..=256).contains(&live), "{live} stand-in classes alive");
+}
 #[test]
 fn python_exceptions_keep_kind_message_and_traceback_in_workers() {
     let _s = serial();

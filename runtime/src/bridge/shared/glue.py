@@ -6,12 +6,17 @@ import builtins as _builtins
 import io as _io
 import pickle as _pickle
 
+# The stand-in classes made lately, by (qualname, module), least recently used first: a body
+# returning objects of generated classes (`type("Gen%d" % n, ...)`, `make_dataclass`) names a new
+# class each call, so at most `_CLASSES_KEPT` are kept (an evicted one is freed with its last
+# stand-in, and made again if its names come back).
 _classes = {}
+_CLASSES_KEPT = 256
 
 
 def _standin_class(qualname, module):
     key = (qualname, module)
-    cls = _classes.get(key)
+    cls = _classes.pop(key, None)
     if cls is None:
         cls = type(
             qualname.rpartition(".")[2],
@@ -22,7 +27,12 @@ def _standin_class(qualname, module):
                 "__repr__": lambda self: "<%s.%s from a pyop worker>" % (module, qualname),
             },
         )
-        _classes[key] = cls
+        while len(_classes) >= _CLASSES_KEPT:
+            try:
+                del _classes[next(iter(_classes))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread changed it
+                break
+    _classes[key] = cls
     return cls
 
 
