@@ -116,18 +116,19 @@ where
         .iter()
         .map(candle_core::Var::from_tensor)
         .collect::<candle_core::Result<_>>()?;
-    // The float outputs, flat, and their indices among all outputs.
-    let float_outputs = |xs: &[Tensor]| -> Result<Vec<(usize, Tensor)>> {
-        let mut outs = Vec::new();
+    // The float outputs, flat, with their indices among all outputs and their shapes.
+    let float_outputs = |xs: &[Tensor]| -> Result<(Vec<(usize, Tensor)>, Vec<Shaped>)> {
+        let (mut outs, mut shapes) = (Vec::new(), Vec::new());
         for (j, y) in f(xs)?.into_iter().enumerate() {
             if y.dtype().is_float() {
+                shapes.push((j, y.dims().to_vec()));
                 outs.push((j, y.flatten_all()?));
             }
         }
-        Ok(outs)
+        Ok((outs, shapes))
     };
     let xs: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let ys = float_outputs(&xs)?;
+    let (ys, shapes) = float_outputs(&xs)?;
     if ys.is_empty() {
         return Err(Error::op_failure(
             NO_OP,
@@ -185,8 +186,25 @@ where
                     .get(k)?
                     .to_dtype(DType::F64)?
                     .to_scalar::<f64>()?;
+                let (outs, probed) = float_outputs(&probe)?;
+                // Another shape there would pair elements of different outputs (or run past
+                // the end): not a gradient to compare.
+                if let Some(what) = shape_change(&shapes, &probed) {
+                    return Err(Error::mismatch(
+                        NO_OP,
+                        ErrorKind::InvalidArgument,
+                        Some(i),
+                        format!(
+                            "input {i}[{k}] = {} probed at {taken} (step eps = {}): {what}; \
+                             gradcheck needs outputs whose shapes do not depend on the inputs' \
+                             values near the point (check at a point away from the threshold, \
+                             or with a smaller step)",
+                            base[k], tol.eps
+                        ),
+                    ));
+                }
                 let mut column = Vec::new();
-                for (_, y) in float_outputs(&probe)? {
+                for (_, y) in outs {
                     column.extend(y.to_dtype(DType::F64)?.to_vec1::<f64>()?);
                 }
                 Ok((taken, column))
@@ -228,6 +246,42 @@ where
         report.max_abs_error.push(worst);
     }
     Ok(report)
+}
+
+/// A float output: its index among all outputs, and its shape.
+type Shaped = (usize, Vec<usize>);
+
+/// How the float outputs at a probe differ from those at the base point (`None`: the same
+/// outputs, of the same shapes).
+fn shape_change(base: &[Shaped], probed: &[Shaped]) -> Option<String> {
+    let fmt = |s: &[usize]| format!("{s:?}");
+    for (j, shape) in base {
+        match probed.iter().find(|(p, _)| p == j) {
+            Some((_, s)) if s == shape => {}
+            Some((_, s)) => {
+                return Some(format!(
+                    "output {j} has shape {} there but {} at the point checked",
+                    fmt(s),
+                    fmt(shape)
+                ))
+            }
+            None => {
+                return Some(format!(
+                    "output {j} (shape {} at the point checked) is no float output there",
+                    fmt(shape)
+                ))
+            }
+        }
+    }
+    probed
+        .iter()
+        .find(|(p, _)| !base.iter().any(|(j, _)| j == p))
+        .map(|(j, s)| {
+            format!(
+                "output {j} is a float output of shape {} there but not at the point checked",
+                fmt(s)
+            )
+        })
 }
 
 /// The narrowest of `input` and the float `outputs` (the one whose precision bounds the check).
@@ -312,6 +366,51 @@ mod tests {
         assert_eq!(narrowest(DType::F32, &[DType::F16]), DType::F16);
         assert_eq!(narrowest(DType::F16, &[DType::BF16]), DType::BF16);
         assert_eq!(narrowest(DType::BF16, &[DType::F64]), DType::BF16);
+    }
+
+    /// The elements of `x` above 0 (an output whose length depends on the input's values).
+    fn positive(x: &Tensor) -> Result<Tensor> {
+        let keep: Vec<u32> = (x.to_vec1::<f64>()?.iter().enumerate())
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(i, _)| i as u32)
+            .collect();
+        Ok(x.index_select(&Tensor::new(keep.as_slice(), x.device())?, 0)?)
+    }
+
+    /// A probe that changes an output's shape is named as such, with the input element and both
+    /// shapes (third audit, finding 11: the last element shrinking the output panicked with an
+    /// index out of bounds, the first one was blamed on the gradient).
+    #[test]
+    fn a_probe_changing_an_outputs_shape_is_an_invalid_argument() {
+        for (values, k) in [([1.0f64, 2.0, 1e-7], 2), ([1e-7, 1.0, 2.0], 0)] {
+            let x = Tensor::new(&values, &Device::Cpu).unwrap();
+            let err = gradcheck(|xs| Ok(vec![positive(&xs[0])?]), &[x], GradCheck::default())
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("input 0[{k}] = 0.0000001 probed at -0.0000009")),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("output 0 has shape [2] there but [3] at the point checked"),
+                "{msg}"
+            );
+        }
+        // The same function away from 0 checks.
+        let x = Tensor::new(&[1.0f64, 2.0, 0.5], &Device::Cpu).unwrap();
+        gradcheck(|xs| Ok(vec![positive(&xs[0])?]), &[x], GradCheck::default()).unwrap();
+        // Outputs that stop or start being float outputs.
+        let (a, b) = (vec![2usize], vec![3usize]);
+        assert_eq!(shape_change(&[(0, a.clone())], &[(0, a.clone())]), None);
+        assert_eq!(
+            shape_change(&[(0, a.clone())], &[(1, a.clone())]).unwrap(),
+            "output 0 (shape [2] at the point checked) is no float output there"
+        );
+        assert_eq!(
+            shape_change(&[(0, a.clone())], &[(0, a), (1, b)]).unwrap(),
+            "output 1 is a float output of shape [3] there but not at the point checked"
+        );
     }
 
     /// A large gradient is compared relative to its size: 10^6·x² at 1 has a derivative of
