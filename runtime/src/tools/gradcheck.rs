@@ -117,7 +117,7 @@ where
         .map(candle_core::Var::from_tensor)
         .collect::<candle_core::Result<_>>()?;
     // The float outputs, flat, with their indices among all outputs and their shapes.
-    let float_outputs = |xs: &[Tensor]| -> Result<(Vec<(usize, Tensor)>, Vec<Shaped>)> {
+    let float_outputs = |xs: &[Tensor]| -> Result<FloatOutputs> {
         let (mut outs, mut shapes) = (Vec::new(), Vec::new());
         for (j, y) in f(xs)?.into_iter().enumerate() {
             if y.dtype().is_float() {
@@ -250,6 +250,9 @@ where
 
 /// A float output: its index among all outputs, and its shape.
 type Shaped = (usize, Vec<usize>);
+
+/// The float outputs, flat, with their indices among all outputs; and their shapes.
+type FloatOutputs = (Vec<(usize, Tensor)>, Vec<Shaped>);
 
 /// How the float outputs at a probe differ from those at the base point (`None`: the same
 /// outputs, of the same shapes).
