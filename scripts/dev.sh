@@ -70,6 +70,9 @@ case "${1:-}" in
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ruff>=0.8,<1'
     .venv/bin/python -m mypy --version >/dev/null 2>&1 \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
+    # ml_dtypes (from PyPI) for the tests of bf16 and fp8 arrays returned by bodies.
+    .venv/bin/python -c 'import ml_dtypes' 2>/dev/null \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ml_dtypes>=0.4,<1'
     # Ray (from PyPI) for the tests of Ray pools, which start a two-node cluster of this machine.
     .venv/bin/python -c 'import ray' 2>/dev/null \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ray>=2.40,<3'

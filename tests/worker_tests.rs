@@ -120,6 +120,40 @@ fn stand_ins_of_generated_classes_are_not_kept_without_bound() {
         .unwrap()[0];
     assert!((1..=256).contains(&live), "{live} stand-in classes alive");
 }
+/// An ml_dtypes array from a worker (a worker op is in numpy mode, whose outputs are NumPy's
+/// dtypes) is refused by name, as ml_dtypes' type, not read as plain bytes of a void dtype; the
+/// program imports nothing for it.
+#[test]
+fn ml_dtypes_arrays_from_a_worker_are_refused_by_name() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    for (made, name) in [
+        (
+            "np.array([1.5, 2.25], dtype=ml_dtypes.bfloat16)",
+            "bfloat16",
+        ),
+        (
+            "np.array([1.5, 2.25], dtype=ml_dtypes.bfloat16)[::-1]",
+            "bfloat16",
+        ),
+        ("ml_dtypes.float8_e4m3fn(1.5)", "float8_e4m3fn"),
+    ] {
+        let err = in_workers(
+            &format!("import ml_dtypes\ndef f(x): return {made}"),
+            &[OutSpec::new(DType::F32)],
+        )
+        .call(&[Arg::from(&x)])
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{err}");
+        assert!(
+            err.to_string().contains(&format!(
+                "a pyop worker sent values of ml_dtypes' {name}, which a worker op cannot return"
+            )),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn python_exceptions_keep_kind_message_and_traceback_in_workers() {
     let _s = serial();

@@ -196,6 +196,18 @@ pub(crate) unsafe fn tensor_from_bytes(
             Some(v) => candle_core::Tensor::from_vec(v, dims, &candle_core::Device::Cpu),
             None => Err(candle_core::Error::Msg(no_memory(n, std::mem::size_of::<T>()))),
         },
-        d => Err(candle_core::Error::Msg(format!("{} has no plain element type", d.as_str())))
+        d => match d {
+            // fp8 (from ml_dtypes' float8_e4m3fn): candle copies its bytes.
+            candle_core::DType::F8E4M3 => {
+                let bytes: &[u8] = if n == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the caller's promise (above): `n` one-byte elements.
+                    unsafe { std::slice::from_raw_parts(src, n) }
+                };
+                candle_core::Tensor::from_raw_buffer(bytes, d, &dims, &candle_core::Device::Cpu)
+            }
+            d => Err(candle_core::Error::Msg(format!("{} has no plain element type", d.as_str()))),
+        }
     )
 }

@@ -579,6 +579,88 @@ fn subclasses_of_numbers_convert_and_other_values_are_named() {
     );
 }
 
+/// ml_dtypes' `bfloat16` and `float8_e4m3fn` arrays (how JAX, TensorFlow and ONNX tools hand
+/// such arrays to NumPy code) are read as bf16 and f8e4m3, their bits as they are, contiguous or
+/// not; in tensor mode and in numpy mode with dlpack. Another dtype is refused without saying
+/// candle lacks bf16 (third audit, finding 12: "dtype bfloat16 (candle has no such dtype)").
+#[test]
+fn ml_dtypes_arrays_are_read_as_bf16_and_f8e4m3() {
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    // bf16 and f8e4m3 to f32 are exact: the same f32 is the same bits.
+    let bf16 = "import numpy as np, ml_dtypes\n\
+         def f(x):\n    \
+         b = np.array([1.5, 0, 2.25, 0], dtype=ml_dtypes.bfloat16)\n    \
+         return b[::2].copy(), b[::2], b[:0]";
+    let tout = vec![OutSpec::new(DType::BF16); 3];
+    let tensor_mode = common::tensor_op("ml", bf16, &tout).unwrap();
+    let with_dlpack = PyOp::builder("ml_dl")
+        .code(bf16)
+        .function("f")
+        .numpy()
+        .dlpack()
+        .tout(tout.iter().cloned())
+        .build()
+        .unwrap();
+    for op in [tensor_mode, with_dlpack] {
+        let out = op.call(&[Arg::from(&x)]).unwrap();
+        for t in &out[..2] {
+            assert_eq!(t.dtype(), DType::BF16);
+            assert_eq!(f32s(t), [1.5, 2.25]);
+        }
+        assert_eq!((out[2].dtype(), out[2].dims()), (DType::BF16, &[0][..]));
+    }
+    // fp8 (tensor mode: DLPack cannot carry it).
+    let out = common::tensor_op(
+        "ml_f8",
+        "import numpy as np, ml_dtypes\n\
+         def f(x):\n    \
+         e = np.array([1.5, -2, 448], dtype=ml_dtypes.float8_e4m3fn)\n    \
+         return e, e[::-1]",
+        &vec![OutSpec::new(DType::F8E4M3); 2],
+    )
+    .unwrap()
+    .call(&[Arg::from(&x)])
+    .unwrap();
+    assert_eq!(out[0].dtype(), DType::F8E4M3);
+    assert_eq!(f32s(&out[0]), [1.5, -2., 448.]);
+    assert_eq!(f32s(&out[1]), [448., -2., 1.5]);
+    let call = |code: &str, dtype: DType| {
+        common::tensor_op("ml_wrong", code, &[OutSpec::new(dtype)])
+            .unwrap()
+            .call(&[Arg::from(&x)])
+            .unwrap_err()
+    };
+    // A bf16 array for another dtype is named for what it is.
+    let err = call(
+        "import numpy as np, ml_dtypes\n\
+         def f(x):\n    return np.array([1.5], dtype=ml_dtypes.bfloat16)",
+        DType::F32,
+    );
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        err.to_string()
+            .contains("expected dtype f32, got a NumPy array of dtype bfloat16"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("not a dtype pyop reads"), "{err}");
+    // A type of ml_dtypes' that candle has not: no claim that candle lacks bf16.
+    let err = call(
+        "import numpy as np, ml_dtypes\n\
+         def f(x):\n    return np.array([1.5], dtype=ml_dtypes.float8_e5m2)",
+        DType::BF16,
+    );
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    let msg = err.to_string();
+    assert!(
+        msg.contains(
+            "expected dtype bf16, got a NumPy array of dtype float8_e5m2 (not a dtype pyop reads"
+        ),
+        "{msg}"
+    );
+    assert!(!msg.contains("candle has no"), "{msg}");
+}
+
 /// An integer becomes a float tensor only if the float holds it exactly: 2^24 + 1 is no f32,
 /// 2^53 + 1 no f64 (mutation testing of `bridge/numbers.rs`, `Buffer::push`: the two halves of
 /// that check).

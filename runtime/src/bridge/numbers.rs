@@ -317,7 +317,8 @@ pub(crate) fn array_to_tensor(
             } else if descr.has_fields() {
                 " (structured arrays are not tensors)"
             } else if have.is_none() {
-                " (candle has no such dtype)"
+                " (not a dtype pyop reads: it reads bool, uint8, uint32, int16, int32, int64, \
+                 float16, float32, float64, and ml_dtypes' bfloat16 and float8_e4m3fn)"
             } else {
                 ""
             };

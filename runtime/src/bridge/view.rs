@@ -145,8 +145,24 @@ pub(crate) fn candle_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
         (b'f', 2) => DType::F16,
         (b'f', 4) => DType::F32,
         (b'f', 8) => DType::F64,
+        (b'V', 1 | 2) => return ml_dtype(descr),
         _ => return None,
     })
+}
+
+/// ml_dtypes' `bfloat16` and `float8_e4m3fn` (how JAX, TensorFlow and ONNX tools hand such
+/// arrays to NumPy code): a void kind to NumPy, known by their scalar type, with the bits of
+/// candle's bf16 and f8e4m3.
+fn ml_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    let ty = descr.typeobj();
+    if ty.module().ok()?.to_str().ok()? != "ml_dtypes" {
+        return None;
+    }
+    match (ty.name().ok()?.to_str().ok()?, descr.itemsize()) {
+        ("bfloat16", 2) => Some(DType::BF16),
+        ("float8_e4m3fn", 1) => Some(DType::F8E4M3),
+        _ => None,
+    }
 }
 
 /// A CPU tensor holding a copy of `array`, of `dtype` (its own, checked by the caller) and any
@@ -157,6 +173,22 @@ pub(crate) fn copied_by_numpy(
     dtype: DType,
     array: &Bound<'_, PyUntypedArray>,
 ) -> std::result::Result<Tensor, String> {
+    if numpy_dtype(py, dtype).is_none() {
+        // ml_dtypes' bf16 and f8e4m3, which candle memory cannot be viewed as: NumPy's C-ordered
+        // copy, then its bytes.
+        let copy = array
+            .call_method1(pyo3::intern!(py, "copy"), ("C",))
+            .and_then(|c| Ok(c.cast_into::<PyUntypedArray>()?))
+            .map_err(|e| crate::python::describe(py, &e))?;
+        // SAFETY: reading the data pointer of a live, C-contiguous array of `dtype`'s size
+        // elements (a copy of `array`, whose dtype the caller checked), which `copy` keeps
+        // alive.
+        return unsafe {
+            let data = (*copy.as_array_ptr()).fields.data as *const u8;
+            crate::alloc::tensor_from_bytes(dtype, data, copy.shape().to_vec())
+        }
+        .map_err(|e| crate::error::candle_message(&e));
+    }
     // SAFETY: NumPy's copy below writes every element before anything reads them; on its
     // failure the tensor is dropped unread.
     let t = unsafe { crate::alloc::unwritten_tensor(dtype, array.shape().to_vec()) }

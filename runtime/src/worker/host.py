@@ -221,10 +221,22 @@ for _name in ("standin", "array", "scalar", "object_array", "structured", "maske
 _standin = _glue.standin
 
 
+def _dtype_text(dt):
+    """A dtype as the program's glue reads it back: its `str`, or for one of ml_dtypes' types
+    (whose `str` is a void's, `<V2`) `ml_dtypes.` and its name."""
+    if dt.kind == "V" and dt.fields is None and getattr(dt.type, "__module__", None) == "ml_dtypes":
+        return "ml_dtypes." + dt.type.__name__
+    return dt.str
+
+
 def _array_parts(a):
     """A plain array as (dtype string, shape, its bytes out of band)."""
     c = a if a.flags.c_contiguous else _np.ascontiguousarray(a)
-    return (c.dtype.str, tuple(c.shape), pickle.PickleBuffer(c.reshape(-1).view(_np.uint8)))
+    return (
+        _dtype_text(c.dtype),
+        tuple(c.shape),
+        pickle.PickleBuffer(c.reshape(-1).view(_np.uint8)),
+    )
 
 
 class _Pickler(pickle.Pickler):
@@ -259,7 +271,7 @@ class _Pickler(pickle.Pickler):
                 return (_glue.structured, ((), dtype.descr))
             if dtype.hasobject:
                 return (_glue.object_array, ((),))
-            return (_glue.scalar, (dtype.str, _np.generic.tobytes(obj)))
+            return (_glue.scalar, (_dtype_text(dtype), _np.generic.tobytes(obj)))
         base = _as_base(obj, t)
         if base is not None:
             return (type(base), (base,))

@@ -63,10 +63,25 @@ _ALLOWED = {
 }
 
 
+def _ml_dtype_refused(name):
+    # One of ml_dtypes' types (sent as `ml_dtypes.<name>`: its `str` is a void's, `<V2`). A
+    # worker op is in numpy mode, whose outputs are NumPy's dtypes, so none is ever read: refused
+    # by name, without importing ml_dtypes in the program for a worker.
+    return _pickle.UnpicklingError(
+        "a pyop worker sent values of ml_dtypes' %s, which a worker op cannot return: its "
+        "outputs are NumPy's dtypes (ml_dtypes' bfloat16 and float8_e4m3fn are read as bf16 and "
+        "f8e4m3 in the program, in tensor mode or numpy mode with dlpack); convert it in the "
+        "body (`.astype(numpy.float32)`)" % name
+    )
+
+
 def _plain_dtype(text):
     import numpy
 
-    dt = numpy.dtype(str(text))
+    text = str(text)
+    if text.startswith("ml_dtypes."):
+        raise _ml_dtype_refused(text[len("ml_dtypes.") :])
+    dt = numpy.dtype(text)
     if dt.hasobject or dt.fields is not None:
         raise _pickle.UnpicklingError("a pyop worker sent bytes of a dtype with objects or fields")
     return dt
