@@ -51,6 +51,30 @@ fn ops_of_one_source_share_its_module() {
     assert!(after >= before + 2, "{before} -> {after}");
 }
 
+/// One text for two declarations (`code = CONST`): a counter module.
+const COUNTER: &str = "import numpy as np\nN = 0\n\
+    def const_bump(x):\n    global N\n    N += 1\n    return np.int64(N)\n\
+    def const_read(x):\n    return np.int64(N)\n";
+
+#[py_op(code = COUNTER, numpy, tout = i64[])]
+fn const_bump(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = COUNTER, numpy, tout = i64[])]
+fn const_read(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// Each `code` declaration gets a module of its own, even when two share one constant (as
+/// executor.md says; the new-user trial read "one code string" as sharing): state to share goes
+/// in a `file` or `package`.
+#[test]
+fn each_code_declaration_gets_its_own_module() {
+    let x = Tensor::new(&[1f32], &cpu()).unwrap();
+    let bumped: Vec<i64> = (0..3)
+        .map(|_| const_bump(&x).unwrap().to_scalar::<i64>().unwrap())
+        .collect();
+    assert_eq!(bumped, [1, 2, 3]);
+    assert_eq!(const_read(&x).unwrap().to_scalar::<i64>().unwrap(), 0);
+}
+
 #[test]
 fn plain_attributes_reach_python() {
     let x = Tensor::new(&[1f64, 2.], &cpu()).unwrap();

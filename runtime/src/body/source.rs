@@ -1,8 +1,10 @@
 //! Where a body comes from, and the Python module it lives in.
 //!
-//! Ops declared with `#[py_op]` from one source (one file, one `code` string, one module) share one
-//! module instance, so they share its state; ops built at run time get a namespace of their own
-//! that dies with the op and never enters `sys.modules`.
+//! Ops declared with `#[py_op]` from one file, package or module share one module instance, so
+//! they share its state; each `code` declaration has a module of its own (its key names where it
+//! was declared: text alone would merge unrelated ops whose bodies happen to be equal, and a
+//! traceback would name another declaration's lines); ops built at run time get a namespace of
+//! their own that dies with the op and never enters `sys.modules`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
