@@ -27,6 +27,18 @@ fn to_stderr(x: &Tensor, i: i64) -> pyop::Result<Tensor>;
 #[py_op(code = "def to_numpy(x):\n    return x.numpy()", tout = f32)]
 fn to_numpy(x: &Tensor) -> pyop::Result<Tensor>;
 
+/// A pin this binary records as a crate built with `PYOP_PYTHON_ENV` set records it (as every
+/// `#[py_op]` declaration does), to a venv that no longer exists: moved or deleted.
+const GONE_PIN: &str = "/nonexistent/pyop-pinned-app/.venv";
+
+pyop::__private::inventory::submit! {
+    pyop::__private::BuildEnv {
+        manifest_dir: "/nonexistent/pyop-pinned-app",
+        pyop_python_env: Some(GONE_PIN),
+        virtual_env: None,
+    }
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -54,6 +66,9 @@ fn child(scenario: &str) {
                 Some(repo().join(".venv").as_path()),
                 "{env:?}"
             );
+            // The gone pin is passed over, and named, unless PYOP_PYTHON_ENV overrides it.
+            let pin = (scenario != "override").then(|| PathBuf::from(GONE_PIN));
+            assert_eq!(env.missing_pin, pin, "{env:?}");
             assert_eq!(
                 total(&x).unwrap().to_scalar::<f32>().unwrap(),
                 6.0,
@@ -119,6 +134,23 @@ fn child(scenario: &str) {
             let ops: Vec<&str> = p.ops.iter().map(|o| o.name).collect();
             assert_eq!(ops, ["mean", "total"]);
             assert!(p.to_string().contains("affects 2 ops:"), "{p}");
+        }
+        "missing_pin" => {
+            // Below the gone pin, the environment recorded at build time; NumPy broken there:
+            // the error says first that the pin does not exist.
+            assert_eq!(env.missing_pin.as_deref(), Some(Path::new(GONE_PIN)));
+            assert_eq!(env.source, EnvSource::Build, "{env:?}");
+            assert!(env.problems.is_empty(), "{:?}", env.problems);
+            let err = total(&x).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::PackageUnavailable, "{err}");
+            let text = err.to_string();
+            let want = format!(
+                "numpy is broken here); pyop uses the environment {} (the environment recorded at \
+                 build time), since the environment pinned at build time (PYOP_PYTHON_ENV), \
+                 {GONE_PIN}, does not exist (moved or deleted?): install it with",
+                repo().join(".venv").display()
+            );
+            assert!(text.contains(&want), "{want:?} not in {text}");
         }
         "other_version_env" => {
             // A venv made by another Python X.Y: said so, with the command that recreates it.
@@ -309,6 +341,7 @@ fn main() {
             outside.clone(),
             vec![("VIRTUAL_ENV", venv), ("PYTHONPATH", fake)],
         ),
+        ("missing_pin", outside.clone(), vec![("PYTHONPATH", fake)]),
         (
             "other_version_env",
             outside.clone(),

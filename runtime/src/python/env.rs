@@ -93,6 +93,10 @@ pub struct PythonEnv {
     /// What is wrong with the set-up, each with its fix: another interpreter than the one built
     /// against, an environment made by another Python version, … Empty when all is well.
     pub problems: Vec<String>,
+    /// The environment pinned at build time (`PYOP_PYTHON_ENV` then) when that folder no longer
+    /// exists (moved or deleted) and nothing overrides it at run time: pyop then uses what it
+    /// finds below the pin, and its messages name the pin first.
+    pub missing_pin: Option<PathBuf>,
 }
 
 impl PythonEnv {
@@ -116,6 +120,17 @@ impl PythonEnv {
                     self.running_executable()
                 )
             }
+            // The pinned venv is gone: make it again where the program looks first.
+            (None, _) if self.missing_pin.is_some() => {
+                let pin = self.missing_pin.as_deref().expect("some");
+                format!(
+                    "`{} -m venv {}` then `{} -m pip install {package}` (the pinned environment, \
+                     made again)",
+                    self.running_executable(),
+                    pin.display(),
+                    venv_python(pin).display()
+                )
+            }
             (None, _) => format!(
                 "`{exe} -m venv .venv` then `{} -m pip install {package}` in the program's folder \
                  (or install it into the interpreter's own site-packages: `{exe} -m pip install \
@@ -133,9 +148,26 @@ impl PythonEnv {
 
     /// Where the environment was found, for messages.
     pub(crate) fn describe(&self) -> String {
-        match &self.root {
-            Some(root) => format!("the environment {} ({})", root.display(), self.source),
-            None => "no environment (only the interpreter's own site-packages)".to_owned(),
+        let gone = |pin: &Path| {
+            format!(
+                "the environment pinned at build time (PYOP_PYTHON_ENV), {}, does not exist \
+                 (moved or deleted?)",
+                pin.display()
+            )
+        };
+        match (&self.root, &self.missing_pin) {
+            (Some(root), None) => format!("the environment {} ({})", root.display(), self.source),
+            (Some(root), Some(pin)) => format!(
+                "the environment {} ({}), since {}",
+                root.display(),
+                self.source,
+                gone(pin)
+            ),
+            (None, None) => "no environment (only the interpreter's own site-packages)".to_owned(),
+            (None, Some(pin)) => format!(
+                "no environment: {}, so only the interpreter's own site-packages",
+                gone(pin)
+            ),
         }
     }
 
@@ -273,6 +305,7 @@ fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
     problems.extend(interpreter_problem(&built, &running));
 
     let (root, source) = find_environment();
+    let missing_pin = missing_pin();
     let mut site_packages = None;
     if let Some(root) = &root {
         site_packages = site_packages_of(root, major, minor);
@@ -298,6 +331,7 @@ fn set_up(py: Python<'_>) -> PyResult<PythonEnv> {
         running,
         built,
         problems,
+        missing_pin,
     })
 }
 
@@ -338,6 +372,25 @@ fn pinned_environment() -> Option<PathBuf> {
         .filter(|p| !p.is_empty() && *p != "none")
         .map(PathBuf::from)
         .find(|p| p.is_dir())
+}
+
+/// The first folder a declaration recorded from `PYOP_PYTHON_ENV` at build time, when none of
+/// those folders exists and `PYOP_PYTHON_ENV` is not set at run time: a pin that was moved or
+/// deleted, which messages name (`find_environment` passed over it to what ranks below).
+fn missing_pin() -> Option<PathBuf> {
+    if std::env::var_os("PYOP_PYTHON_ENV").is_some_and(|v| !v.is_empty()) {
+        return None;
+    }
+    if pinned_environment().is_some() {
+        return None;
+    }
+    let mut recorded: Vec<&BuildEnv> = inventory::iter::<BuildEnv>.into_iter().collect();
+    recorded.sort_by_key(|b| b.manifest_dir);
+    recorded
+        .iter()
+        .filter_map(|b| b.pyop_python_env)
+        .find(|p| !p.is_empty() && *p != "none")
+        .map(PathBuf::from)
 }
 
 /// The first existing environment the declarations recorded: an explicit `PYOP_PYTHON_ENV`,
@@ -623,6 +676,53 @@ mod tests {
             library: lib.map(PathBuf::from),
             executable: None,
         }
+    }
+
+    /// A pinned venv that has gone is named first, with the command that makes it again (the
+    /// new-user trial: "pyop uses no environment" and a `.venv` in "the program's folder").
+    #[test]
+    fn a_missing_pin_is_named_with_its_fix() {
+        let mut env = PythonEnv {
+            root: None,
+            site_packages: None,
+            source: EnvSource::None,
+            version: "3.12.3".into(),
+            running: Interpreter {
+                executable: Some("/usr/bin/python3.12".into()),
+                ..interp("3.12.3", None)
+            },
+            built: interp("3.12.3", None),
+            problems: Vec::new(),
+            missing_pin: Some("/app/.venv".into()),
+        };
+        assert_eq!(
+            env.describe(),
+            "no environment: the environment pinned at build time (PYOP_PYTHON_ENV), /app/.venv, \
+             does not exist (moved or deleted?), so only the interpreter's own site-packages"
+        );
+        assert_eq!(
+            env.pip_install("numpy"),
+            "`/usr/bin/python3.12 -m venv /app/.venv` then `/app/.venv/bin/python -m pip install \
+             numpy` (the pinned environment, made again)"
+        );
+        // Another environment found below the pin: used, and the pin still named.
+        env.root = Some("/home/me/.venv".into());
+        env.site_packages = Some("/home/me/.venv/lib/python3.12/site-packages".into());
+        env.source = EnvSource::DotVenv;
+        assert_eq!(
+            env.describe(),
+            "the environment /home/me/.venv (the nearest .venv), since the environment pinned at \
+             build time (PYOP_PYTHON_ENV), /app/.venv, does not exist (moved or deleted?)"
+        );
+        assert_eq!(
+            env.pip_install("numpy"),
+            "`/home/me/.venv/bin/python -m pip install numpy`"
+        );
+        env.missing_pin = None;
+        assert_eq!(
+            env.describe(),
+            "the environment /home/me/.venv (the nearest .venv)"
+        );
     }
 
     #[test]
