@@ -87,7 +87,9 @@ pub struct GradReport {
 /// and outputs are left out. An entry with |analytic − numeric| > `atol + rtol·|numeric|` is an
 /// error of kind [`ErrorKind::GradientMismatch`] that gives both values, the output, input and
 /// elements, the step and tolerances, and the ops whose gradient that backward pass ran (the
-/// error's [`op`](crate::Error::op) where it is one).
+/// error's [`op`](crate::Error::op) where it is one). A probe that changes a float output's
+/// shape (`x[x > 0]` near 0) is an error of kind [`ErrorKind::InvalidArgument`] naming the input
+/// element, the value probed and both shapes.
 ///
 /// ```
 /// use pyop::candle::{Device, Tensor};
