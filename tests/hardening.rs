@@ -850,6 +850,13 @@ fn a3_9_limit_covers_the_output_check() {
         );
         assert!(took < limit + Duration::from_millis(1500), "{took:?}");
     }
+    // The limit ends with its call: a later call on this thread without one reads a long list
+    // whole (2^18 numbers, past the first deadline check).
+    let whole = numpy_op("whole", &shared_list_body("whole", 17));
+    assert_eq!(
+        whole.call(&[Arg::from(&x)]).unwrap()[0].elem_count(),
+        1 << 18
+    );
     // In a body, `pyop.tensor` of such a list stops at the body's limit as well.
     let made = tensor_op(
         "amplify_tensor",
