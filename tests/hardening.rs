@@ -801,6 +801,29 @@ def shared_rust_ok(x):
             .unwrap(),
         1 + 2 * (1 + 3)
     );
+    // A list subclass is read at C level, as it was counted: its `__iter__` is not asked.
+    let endless = tensor_op(
+        "endless",
+        "import itertools, pyop\nclass L(list):\n    def __iter__(self):\n        return itertools.repeat(0, 10**11)\ndef endless(x):\n    return pyop.rust.a3_count(L([1.0, 2.0]))",
+        DType::I64,
+    );
+    assert_eq!(
+        endless.call(&[Arg::from(&x)]).unwrap()[0]
+            .to_scalar::<i64>()
+            .unwrap(),
+        3
+    );
+    // A list of 2^40 empty lists (shared) is a tensor with no elements, read at once: each
+    // list is checked once at each depth.
+    let empty = numpy_op(
+        "empty_shared",
+        "def empty_shared(x):\n    v = []\n    for _ in range(40):\n        v = [v, v]\n    return v",
+    );
+    let started = Instant::now();
+    let out = empty.call(&[Arg::from(&x)]).unwrap().remove(0);
+    assert_eq!(out.dims().len(), 41);
+    assert_eq!(out.elem_count(), 0);
+    assert!(started.elapsed() < Duration::from_secs(5));
     // A list that fits is read whole, and a ragged one is refused as before.
     let fits = numpy_op("fits", &shared_list_body("fits", 3));
     let out = fits.call(&[Arg::from(&x)]).unwrap().remove(0);
@@ -861,6 +884,44 @@ fn a3_9_limit_covers_the_output_check() {
         whole.call(&[Arg::from(&x)]).unwrap()[0].elem_count(),
         1 << 18
     );
+    // Waiting for a worker does not count: two calls at once on a pool of one, each body
+    // within the limit, each reading 2^17 numbers at the end, both succeed.
+    let one = pyop::WorkerPool::new(1);
+    let late = worker_numpy_op(
+        "late",
+        "import time\ndef late(x):\n    time.sleep(0.6)\n    return [1.0] * (1 << 17)",
+        &one,
+    );
+    std::thread::scope(|s| {
+        let calls: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    late.call_with(
+                        &[Arg::from(&x)],
+                        &CallOptions::new().timeout(Duration::from_millis(1000)),
+                    )
+                })
+            })
+            .collect();
+        for c in calls {
+            assert_eq!(c.join().unwrap().unwrap()[0].elem_count(), 1 << 17);
+        }
+    });
+    // A Python gradient's result is read within the op's limit too.
+    let graded = PyOp::builder("graded")
+        .code("def graded(x):\n    return x\ndef graded_grad(inputs, outputs, grads):\n    v = [1.0, 2.0]\n    for _ in range(22):\n        v = [v, v]\n    return [v]")
+        .numpy()
+        .gradient("graded_grad")
+        .timeout(limit)
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let v = pyop::candle::Var::new(&[1f32][..], &Device::Cpu).unwrap();
+    let y = graded.call(&[Arg::from(v.as_tensor())]).unwrap().remove(0);
+    let started = Instant::now();
+    let err = pyop::Error::from(y.sum_all().unwrap().backward().unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(started.elapsed() < limit + Duration::from_millis(1500));
     // In a body, `pyop.tensor` of such a list stops at the body's limit as well.
     let made = tensor_op(
         "amplify_tensor",

@@ -849,28 +849,30 @@ fn last_pool_child() {
         )
         .unwrap();
     let before = descriptors_and_children();
-    for round in 0..2 {
+    for round in 0..3 {
         let (a, b) = (WorkerPool::new(2), WorkerPool::new(1));
         let zygote = family(&a)[1];
         assert_eq!(family(&b)[1], zygote, "one zygote for both pools");
         assert_ne!(zygote, i64::from(std::process::id()), "forked by a zygote");
-        // A storm of time-limit kills in both pools.
+        // Storms of time-limit kills in both pools, the last right before the last pool goes
+        // (its workers' reaps still queued when the next round starts a new zygote: a reap for
+        // a worker of the old one must not reach the new one).
         let slow = "import time\ndef f(x):\n    time.sleep(10)\n    return x";
-        let ops = [
-            worker_op(&a, "slow_a", slow, &[OutSpec::new(DType::F32)]),
-            worker_op(&b, "slow_b", slow, &[OutSpec::new(DType::F32)]),
-        ];
-        for op in ops.iter().cycle().take(6) {
-            let err = op
-                .call_with(
-                    &[Arg::from(&x)],
-                    &CallOptions::new().timeout(Duration::from_millis(50)),
-                )
-                .unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
-        }
+        let storm = |op: &PyOp| {
+            for _ in 0..3 {
+                let err = op
+                    .call_with(
+                        &[Arg::from(&x)],
+                        &CallOptions::new().timeout(Duration::from_millis(50)),
+                    )
+                    .unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+            }
+        };
+        let slow_a = worker_op(&a, "slow_a", slow, &[OutSpec::new(DType::F32)]);
+        storm(&slow_a);
         family(&a);
-        drop(ops);
+        drop(slow_a);
         drop(a);
         // One pool left: the zygote stays for it.
         assert!(
@@ -878,6 +880,9 @@ fn last_pool_child() {
             "round {round}: the zygote ended with a pool still alive"
         );
         family(&b);
+        let slow_b = worker_op(&b, "slow_b", slow, &[OutSpec::new(DType::F32)]);
+        storm(&slow_b);
+        drop(slow_b);
         drop(b);
         assert_eq!(
             descriptors_and_children(),

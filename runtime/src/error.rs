@@ -428,13 +428,23 @@ fn uncarry(
     wrapped: Box<dyn fmt::Display + Send + Sync>,
 ) -> std::result::Result<Error, Box<dyn fmt::Display + Send + Sync>> {
     let at = &*wrapped as *const (dyn fmt::Display + Send + Sync) as *const () as usize;
+    /// Puts the outer probe back (a probe inside a probe: a user's `Display` converting another
+    /// error), also when the probed `Display` panics (a caught panic must not leave this address
+    /// asked for, or an error handed over, to a later probe on this thread).
+    struct Restore<'a>(&'a Probe, usize);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            self.0.at.set(self.1);
+            self.0.taken.borrow_mut().take();
+        }
+    }
     let asked = PROBE.try_with(|p| {
-        // A probe inside a probe (a user's `Display` converting another error): put the outer one
-        // back afterwards.
-        let outer = p.at.replace(at);
+        p.taken.borrow_mut().take();
+        let restore = Restore(p, p.at.replace(at));
         let _ = fmt::write(&mut Refuse, format_args!("{wrapped}"));
-        p.at.set(outer);
-        p.taken.borrow_mut().take()
+        let taken = p.taken.borrow_mut().take();
+        drop(restore);
+        taken
     });
     match asked {
         Ok(Some(e)) => Ok(e),
@@ -608,5 +618,37 @@ mod tests {
         assert_eq!(back.kind(), ErrorKind::Candle);
         assert!(back.to_string().contains("kept"), "{back}");
         assert!(shared.to_string().contains("kept"), "{shared}");
+    }
+
+    /// A user's `Display` that panics while probed (the panic caught) leaves no probe behind: a
+    /// carried error made later at the same address still shows its text, and converts back.
+    #[test]
+    fn a_panicking_probe_leaves_nothing_behind() {
+        use std::fmt;
+
+        // The layout of a `Carried`, so that the allocator gives the next one its memory.
+        struct Panics(#[allow(dead_code)] std::sync::Mutex<Option<Error>>);
+        impl fmt::Display for Panics {
+            fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+                panic!("a user's Display panicked")
+            }
+        }
+        let mut reused = 0;
+        for _ in 0..16 {
+            let boxed: Box<dyn fmt::Display + Send + Sync> =
+                Box::new(Panics(std::sync::Mutex::new(None)));
+            let at = &*boxed as *const _ as *const () as usize;
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Error::from(candle_core::Error::Wrapped(boxed))
+            }));
+            assert!(caught.is_err());
+            let c = candle_core::Error::from(Error::op_failure("op_p", ErrorKind::Source, "shown"));
+            if let candle_core::Error::Wrapped(w) = &c {
+                reused += usize::from(&**w as *const _ as *const () as usize == at);
+            }
+            assert!(c.to_string().contains("shown"), "{c}");
+            assert_eq!(Error::from(c).kind(), ErrorKind::Source);
+        }
+        assert!(reused > 0, "no freed address was reused");
     }
 }

@@ -479,7 +479,10 @@ pub(crate) fn nested_leaves(
     crate::alloc::check(scalars, DType::U8)?;
     crate::alloc::check(n, dtype.unwrap_or(DType::F64))?;
     let mut values = Vec::with_capacity(n.unwrap_or(0));
-    collect_nested(value, 0, &dims, &mut values)?;
+    // With no numbers (a 0 in the shape) the walk only checks the lists' lengths, and a list
+    // sharing its items can hold 2^40 empty lists: each list is then checked once at each depth.
+    let mut checked = (n == Some(0)).then(std::collections::HashSet::new);
+    collect_nested(value, 0, &dims, &mut values, &mut checked)?;
     Ok(Leaves { dims, values })
 }
 
@@ -490,11 +493,18 @@ fn collect_nested(
     depth: usize,
     dims: &[usize],
     leaves: &mut Vec<Scalar>,
+    checked: &mut Option<std::collections::HashSet<(usize, usize)>>,
 ) -> std::result::Result<(), ConversionError> {
     if let Ok(list) = v.cast::<PyList>() {
         let Some(&want) = dims.get(depth) else {
             return Err("ragged nested list (not rectangular)".to_owned().into());
         };
+        if let Some(checked) = checked {
+            // (Alive while `v` is: the address names this list for the whole walk.)
+            if !checked.insert((list.as_ptr() as usize, depth)) {
+                return Ok(());
+            }
+        }
         let n = list.len();
         if n != want {
             return Err(format!(
@@ -503,7 +513,7 @@ fn collect_nested(
             .into());
         }
         for item in list.iter() {
-            collect_nested(&item, depth + 1, dims, leaves)?;
+            collect_nested(&item, depth + 1, dims, leaves, checked)?;
         }
         return Ok(());
     }

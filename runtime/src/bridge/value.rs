@@ -104,7 +104,20 @@ pub(crate) fn from_python(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Valu
     let bytes = values.and_then(|n| n.checked_mul(std::mem::size_of::<Value>()));
     crate::alloc::check(bytes, candle_core::DType::U8)
         .map_err(crate::bridge::numbers::ConversionError::from)?;
-    from_python_at(py, v, 0)
+    // No more values are made than were counted (a leaf's conversion runs Python code, which
+    // could put longer lists where counted ones were).
+    from_python_at(py, v, 0, &mut values.unwrap_or(0))
+}
+
+/// The items of a list or tuple, read at C level; `None` for anything else.
+fn items<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(list) = v.cast::<PyList>() {
+        Some(list.iter().collect())
+    } else if let Ok(tuple) = v.cast::<PyTuple>() {
+        Some(tuple.iter().collect())
+    } else {
+        None
+    }
 }
 
 /// How many values `v` becomes (`None`: more than a `usize` counts), each list and tuple counted
@@ -114,11 +127,7 @@ fn count_values(
     depth: usize,
     seen: &mut std::collections::HashMap<usize, Option<usize>>,
 ) -> Option<usize> {
-    let items = if let Ok(list) = v.cast::<PyList>() {
-        list.iter().collect::<Vec<_>>()
-    } else if let Ok(tuple) = v.cast::<PyTuple>() {
-        tuple.iter().collect::<Vec<_>>()
-    } else {
+    let Some(items) = items(v) else {
         return Some(1);
     };
     // Deeper than the walk goes: it refuses it, whatever the count.
@@ -136,7 +145,18 @@ fn count_values(
     n
 }
 
-fn from_python_at(py: Python<'_>, v: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+fn from_python_at(
+    py: Python<'_>,
+    v: &Bound<'_, PyAny>,
+    depth: usize,
+    left: &mut usize,
+) -> PyResult<Value> {
+    let Some(rest) = left.checked_sub(1) else {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "the lists passed to Rust changed while they were read",
+        ));
+    };
+    *left = rest;
     if v.is_none() {
         return Ok(Value::None);
     }
@@ -161,9 +181,12 @@ fn from_python_at(py: Python<'_>, v: &Bound<'_, PyAny>, depth: usize) -> PyResul
                 "lists nested more than {MAX_NESTING} levels deep cannot be passed to Rust"
             )));
         }
-        return v
-            .try_iter()?
-            .map(|x| from_python_at(py, &x?, depth + 1))
+        // The items as counted (at C level: a subclass's `__iter__` is not asked, or it could
+        // name more values than were counted).
+        return items(v)
+            .unwrap_or_default()
+            .iter()
+            .map(|x| from_python_at(py, x, depth + 1, left))
             .collect::<PyResult<_>>()
             .map(Value::List);
     }

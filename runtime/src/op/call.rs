@@ -84,8 +84,6 @@ impl PyOp {
             prepared
         };
         let timeout = options.timeout.or(op.timeout);
-        // The limit covers the whole call: the output check after the body too.
-        let _deadline = crate::python::timeout::Deadline::enter(timeout);
         let outputs = match &op.workers {
             Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?,
             None => op.run_python(&device, |py| {
@@ -151,6 +149,8 @@ impl OpInner {
         timeout: Option<Duration>,
     ) -> Result<Outputs> {
         let op = self;
+        // The limit covers the body and the check of its outputs (not the wait for the GIL).
+        let _deadline = crate::python::timeout::Deadline::enter(timeout);
         let passing = op.passing();
         if passing == Passing::Views {
             crate::python::numpy::ensure_numpy(py, Some(&op.name))?;

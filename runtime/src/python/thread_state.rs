@@ -27,7 +27,7 @@
 //!   that thread): taking the GIL would wait for itself.
 //! - The destructor clears the thread's Python objects with the thread state's counter above
 //!   zero, so Python code their `__del__` runs may take and let go the GIL (through pyop or
-//!   pyo3) without the thread state being deleted under it.
+//!   pyo3) without the thread state being deleted under it, then deletes the cleared state.
 //! - pyo3's own attach counter is untouched: between calls this thread is detached, as pyo3
 //!   expects of a thread whose count is zero.
 
@@ -45,8 +45,9 @@ impl Drop for Kept {
         if tstate.is_null() || is_main_thread() || !interpreter_running() {
             return;
         }
-        // SAFETY: the interpreter is running; this reads the runtime's current thread state.
-        if unsafe { ffi::PyGILState_Check() } == 1 {
+        // SAFETY: the interpreter is running; this reads the thread state that holds the GIL
+        // (`PyGILState_Check` would not do: it answers 1 for good once a subinterpreter exists).
+        if unsafe { ffi::compat::PyThreadState_GetUnchecked() } == tstate {
             // This thread holds the GIL while its thread-locals are destroyed: `exit()` called
             // from Python (a body, or Rust inside `Python::attach`). Taking the GIL would wait
             // for this very thread; the process is ending, and the thread state ends with it.
@@ -55,19 +56,17 @@ impl Drop for Kept {
         // SAFETY: `tstate` is the thread state this thread's outer `PyGILState_Ensure` made and
         // `PyEval_SaveThread` detached; the interpreter is running, so it was not freed.
         // Restoring it takes the GIL. The thread's Python objects (its `threading.local` data)
-        // are cleared with the counter above zero, as CPython's own threads clear theirs: a
-        // `__del__` run by the clearing may take and let go the GIL through
-        // `PyGILState_Ensure`/`Release` (an exposed Rust function, an op) without bringing the
-        // counter to zero, which would delete the thread state under the running `__del__`.
-        // Then the `Release` of the extra `Ensure`, and the one matching the outer `Ensure`,
-        // which brings the counter to zero: it deletes the (now empty) thread state and lets
-        // the GIL go.
+        // are cleared with the gilstate counter at one, the outer `Ensure`'s, as CPython's own
+        // threads clear theirs: a `__del__` run by the clearing may take and let go the GIL
+        // through `PyGILState_Ensure`/`Release` (an exposed Rust function, an op), which takes
+        // the counter to two and back, never to zero (where `Release` would delete the thread
+        // state under the running `__del__`). Then the cleared state is deleted and the GIL let
+        // go (`PyThreadState_DeleteCurrent` also unbinds it from this thread's gilstate slot),
+        // without clearing it a second time as a last `Release` would.
         unsafe {
             ffi::PyEval_RestoreThread(tstate);
-            let extra = ffi::PyGILState_Ensure();
             ffi::PyThreadState_Clear(tstate);
-            ffi::PyGILState_Release(extra);
-            ffi::PyGILState_Release(ffi::PyGILState_STATE::PyGILState_UNLOCKED);
+            ffi::PyThreadState_DeleteCurrent();
         }
     }
 }

@@ -95,10 +95,14 @@ enum Proc {
 /// use that one).
 #[derive(Clone, Copy)]
 pub(crate) struct Reaper {
-    /// Waits for the exited or killed worker `pid`: its raw wait status, if the zygote lives.
-    pub reap: fn(u32) -> Option<i32>,
-    /// Whether the zygote lives (so the worker's zombie, and its group's id, are still its).
-    pub alive: fn() -> bool,
+    /// Waits for the exited or killed worker `pid` forked by zygote `generation`: its raw wait
+    /// status, if that zygote lives.
+    pub reap: fn(u32, u64) -> Option<i32>,
+    /// Whether zygote `generation` lives (so the worker's zombie, and its group's id, are still
+    /// its).
+    pub alive: fn(u64) -> bool,
+    /// Which zygote forked the worker (a program starts a new one after its last pool ended).
+    pub generation: u64,
 }
 
 pub(crate) struct Worker {
@@ -678,7 +682,7 @@ impl Worker {
             Proc::Forked(reaper) => {
                 // The zygote reaps it, later: no time limit waits on the zygote.
                 self.signal_forked();
-                reap_later(reaper.reap, self.pid);
+                reap_later(*reaper, self.pid);
             }
         }
         self.reaped = true;
@@ -702,9 +706,9 @@ impl Worker {
                 child.wait().ok()
             }
             Proc::Forked(reaper) => {
-                let reap = reaper.reap;
+                let reaper = *reaper;
                 self.signal_forked();
-                reap(self.pid).map(ExitStatus::from_raw)
+                (reaper.reap)(self.pid, reaper.generation).map(ExitStatus::from_raw)
             }
         }
     }
@@ -714,7 +718,7 @@ impl Worker {
         // zombie, and its id may name another group by now (what the worker's bodies started
         // then ends with the program, by the worker's guardian).
         if let Proc::Forked(reaper) = &self.proc {
-            if !(reaper.alive)() {
+            if !(reaper.alive)(reaper.generation) {
                 return;
             }
         }
@@ -816,16 +820,16 @@ pub(crate) fn describe_exit(status: ExitStatus) -> String {
 
 /// Has `reap` wait for the killed worker `pid` on one long-lived thread (the zygote answers
 /// reaps one at a time, and a caller whose time limit ended it must not wait for that).
-fn reap_later(reap: fn(u32) -> Option<i32>, pid: u32) {
-    type Job = (fn(u32) -> Option<i32>, u32);
+fn reap_later(reaper: Reaper, pid: u32) {
+    type Job = (Reaper, u32);
     static REAPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    let reaper = REAPER.get_or_init(|| {
+    let thread = REAPER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
         let spawned = std::thread::Builder::new()
             .name("pyop-worker-reaper".into())
             .spawn(move || {
-                for (reap, pid) in rx {
-                    reap(pid);
+                for (reaper, pid) in rx {
+                    (reaper.reap)(pid, reaper.generation);
                 }
             });
         if spawned.is_err() {
@@ -833,10 +837,10 @@ fn reap_later(reap: fn(u32) -> Option<i32>, pid: u32) {
         }
         Mutex::new(tx)
     });
-    let _ = reaper
+    let _ = thread
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .send((reap, pid));
+        .send((reaper, pid));
 }
 
 /// Starts `cmd` from one long-lived thread: a worker's parent-death signal fires when the thread

@@ -44,9 +44,18 @@ impl Worker {
         };
         let (sock, theirs) = pair()?;
         match spawn(launch, &theirs, &env) {
-            Spawn::Forked { pid, pidfd } => {
+            Spawn::Forked {
+                pid,
+                pidfd,
+                generation,
+            } => {
                 drop(theirs);
-                match Worker::forked(id, launch, pid, pidfd, sock, REAPER) {
+                let reaper = Reaper {
+                    reap,
+                    alive,
+                    generation,
+                };
+                match Worker::forked(id, launch, pid, pidfd, sock, reaper) {
                     Ok(worker) => return Ok(worker),
                     // A forked worker that could not set itself up (its own output says why):
                     // the zygote forks no more, and this worker starts directly.
@@ -65,9 +74,6 @@ impl Worker {
     }
 }
 
-/// How a forked worker is reaped.
-const REAPER: Reaper = Reaper { reap, alive };
-
 /// How long the zygote may take to fork a worker or to say how one ended (a fork takes
 /// milliseconds; a zygote this late is stuck, and is killed).
 const ZYGOTE_LIMIT: Duration = Duration::from_secs(5);
@@ -75,7 +81,12 @@ const ZYGOTE_LIMIT: Duration = Duration::from_secs(5);
 /// What a worker start gets from the zygote.
 enum Spawn {
     /// A worker forked: its process id and pidfd.
-    Forked { pid: u32, pidfd: OwnedFd },
+    Forked {
+        pid: u32,
+        pidfd: OwnedFd,
+        /// The zygote's generation.
+        generation: u64,
+    },
     /// The zygote's start said why no worker can start (another Python version, no NumPy).
     Refused(StartError),
     /// No zygote: start the worker directly.
@@ -91,6 +102,9 @@ enum State {
         zygote: Box<Worker>,
         launch: Key,
         spawning: bool,
+        /// Which zygote of the program's this is: a reap for a worker of an earlier one (ended
+        /// with the last pool) is not this one's to answer.
+        generation: u64,
     },
     /// It failed or died: workers start directly from now on.
     Broken,
@@ -123,7 +137,10 @@ static ZYGOTE: Mutex<State> = Mutex::new(State::None);
 
 /// The running zygote's pidfd, apart from `ZYGOTE` (whose lock a request holds): whether it
 /// lives is known without waiting for one.
-static ZYGOTE_PIDFD: Mutex<Option<std::sync::Arc<OwnedFd>>> = Mutex::new(None);
+static ZYGOTE_PIDFD: Mutex<Option<(u64, std::sync::Arc<OwnedFd>)>> = Mutex::new(None);
+
+/// The generation of the last zygote started.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many worker pools exist. The zygote ends with the last one, under this lock, so that a
 /// pool made meanwhile starts a new zygote rather than forking from one that is ending (lock
@@ -196,12 +213,14 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
     if matches!(*state, State::None) {
         match start(launch) {
             Ok(zygote) => {
+                let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 *ZYGOTE_PIDFD.lock().unwrap_or_else(|p| p.into_inner()) =
-                    process::pidfd_of(zygote.pid).map(std::sync::Arc::new);
+                    process::pidfd_of(zygote.pid).map(|fd| (generation, std::sync::Arc::new(fd)));
                 *state = State::Running {
                     zygote: Box::new(zygote),
                     launch: Key::of(launch),
                     spawning: true,
+                    generation,
                 }
             }
             Err(refused @ StartError::NoNumpy(_)) => return Spawn::Refused(refused),
@@ -220,10 +239,12 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
         zygote,
         launch: key,
         spawning,
+        generation,
     } = &mut *state
     else {
         return Spawn::Direct;
     };
+    let generation = *generation;
     if !*spawning || *key != Key::of(launch) {
         return Spawn::Direct;
     }
@@ -246,7 +267,13 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
     };
     let broken = match zygote.zygote_request(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
         Ok(Reply::Spawned { pid }) => match process::pidfd_of(pid) {
-            Some(pidfd) => return Spawn::Forked { pid, pidfd },
+            Some(pidfd) => {
+                return Spawn::Forked {
+                    pid,
+                    pidfd,
+                    generation,
+                }
+            }
             // (pidfds worked for the zygote itself.) Not used: killed (its pid is still the
             // zygote's to reap, so it names that process) and reaped.
             None => {
@@ -291,14 +318,24 @@ fn start(launch: &Launch) -> Result<Worker, StartError> {
     Worker::start_process(0, launch, sock, theirs, &env, true)
 }
 
-/// Waits for the zygote's child `pid` (exited, or killed by the caller) and returns its raw
-/// wait status; `None` if the zygote is gone (its children died with it and were reaped by
-/// others).
-fn reap(pid: u32) -> Option<i32> {
+/// Waits for the child `pid` of zygote `generation` (exited, or killed by the caller) and
+/// returns its raw wait status; `None` if that zygote is gone (its children died with it and
+/// were reaped by others), also when another zygote runs now: a reap queued for a worker of a
+/// zygote that ended with the last pool is never sent to the next one (which would not know
+/// the pid, or would wait for a worker of its own that got the same pid).
+fn reap(pid: u32, generation: u64) -> Option<i32> {
     let mut state = lock();
-    let State::Running { zygote, .. } = &mut *state else {
+    let State::Running {
+        zygote,
+        generation: running,
+        ..
+    } = &mut *state
+    else {
         return None;
     };
+    if *running != generation {
+        return None;
+    }
     match zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT) {
         Ok(Reply::Reaped { status }) => Some(status),
         _ => {
@@ -308,12 +345,12 @@ fn reap(pid: u32) -> Option<i32> {
     }
 }
 
-/// Whether the zygote is running (so the zombies of the workers it forked are still its own).
-/// Never waits for a zygote request.
-fn alive() -> bool {
+/// Whether zygote `generation` is running (so the zombies of the workers it forked are still
+/// its own). Never waits for a zygote request.
+fn alive(generation: u64) -> bool {
     let fd = ZYGOTE_PIDFD
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    fd.is_some_and(|fd| !process::readable_now(fd.as_fd()))
+    fd.is_some_and(|(g, fd)| g == generation && !process::readable_now(fd.as_fd()))
 }

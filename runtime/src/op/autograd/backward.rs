@@ -154,6 +154,8 @@ impl Node {
             );
         }
         op.run_python(&device, |py| {
+            // The limit covers the gradient and the check of what it returned.
+            let _deadline = crate::python::timeout::Deadline::enter(op.timeout);
             let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
                 python_tuple(py, op.passing(), a, p).map_err(|e| python_error(py, &op.name, e))
             };

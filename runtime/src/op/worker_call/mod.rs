@@ -39,6 +39,9 @@ pub(crate) struct Answer {
     pub answered: Answered,
     pub worker: u64,
     _lease: Option<Lease>,
+    /// The call's limit, from its exchange with the worker to the end of its output check (the
+    /// program's reading of the reply counts against it too); dropped on the calling thread.
+    _deadline: crate::python::timeout::Deadline,
 }
 
 /// One call to make in a worker: the function, its inputs and argument groups, `out` buffers.
@@ -172,6 +175,7 @@ impl OpInner {
             let worker = lease.worker();
             let (id, pid) = (worker.id, worker.pid);
             let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
+            let deadline = crate::python::timeout::Deadline::enter(call.timeout);
             let result = worker.call(Exchange {
                 load,
                 function: call.function,
@@ -198,6 +202,7 @@ impl OpInner {
                         answered,
                         worker: id,
                         _lease: lease,
+                        _deadline: deadline,
                     })
                 }
                 Err(f) => Err(lost_call(op, lease, f, call.timeout)),
