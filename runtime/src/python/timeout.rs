@@ -235,24 +235,27 @@ thread_local! {
 
 /// While alive, [`overdue`] on this thread tells whether the call's time limit has passed. A
 /// call's limit covers all of it: the body, and the check of its outputs after it.
-pub(crate) struct Deadline(Option<Instant>);
+pub(crate) struct Deadline(Option<Option<Instant>>);
 
 impl Deadline {
-    /// The deadline of a call with `limit` starting now (none without a limit); an enclosing
-    /// call's earlier deadline stays in force.
+    /// The deadline of a call with `limit` starting now (none without a limit: then nothing is
+    /// read or written, the common call pays nothing); an enclosing call's earlier deadline
+    /// stays in force.
     pub(crate) fn enter(limit: Option<Duration>) -> Self {
         let Some(at) = limit.and_then(|l| Instant::now().checked_add(l)) else {
-            return Deadline(DEADLINE.get());
+            return Deadline(None);
         };
         let outer = DEADLINE.get();
         DEADLINE.set(Some(outer.map_or(at, |o| o.min(at))));
-        Deadline(outer)
+        Deadline(Some(outer))
     }
 }
 
 impl Drop for Deadline {
     fn drop(&mut self) {
-        DEADLINE.set(self.0);
+        if let Some(outer) = self.0 {
+            DEADLINE.set(outer);
+        }
     }
 }
 
