@@ -143,11 +143,11 @@ case "${1:-}" in
         MYPYPATH=build .venv/bin/python -m mypy --check-untyped-defs \
           --disable-error-code var-annotated --no-error-summary "$bodies"
       done
-      MYPYPATH=runtime/src/worker .venv/bin/python -m mypy --check-untyped-defs \
-        --ignore-missing-imports --disable-error-code var-annotated --no-error-summary \
-        runtime/src/worker/worker.py runtime/src/worker/host.py runtime/src/body/importer.py \
-        runtime/src/bridge/shared/glue.py runtime/src/bridge/ray/actor.py \
-        runtime/src/bridge/ray/driver.py macros/src/check.py
+      MYPYPATH=runtime/src/worker:runtime/src/worker/ray .venv/bin/python -m mypy \
+        --check-untyped-defs --ignore-missing-imports --disable-error-code var-annotated \
+        --no-error-summary runtime/src/worker/worker.py runtime/src/worker/host.py \
+        runtime/src/body/importer.py runtime/src/bridge/shared/glue.py \
+        runtime/src/worker/ray/actor.py runtime/src/worker/ray/relay.py macros/src/check.py
     }
     step "mypy" mypy_all
     step "release build (the rest of it)" release_built

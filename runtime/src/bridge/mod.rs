@@ -10,7 +10,6 @@ pub(crate) mod numbers;
 pub(crate) mod out;
 pub(crate) mod outputs;
 pub(crate) mod prepare;
-pub(crate) mod ray;
 pub(crate) mod shared;
 pub(crate) mod tensor;
 pub(crate) mod value;

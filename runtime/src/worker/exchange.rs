@@ -30,6 +30,8 @@ pub(crate) struct Launch {
     pub describe: String,
     /// The command that installs NumPy there.
     pub pip_numpy: String,
+    /// The command that installs Ray there (for a Ray pool's relays).
+    pub pip_ray: String,
 }
 
 /// The environment variables that size the thread pools of BLAS, OpenMP and their kin
@@ -52,6 +54,22 @@ pub(crate) enum StartError {
     NoNumpy(String),
     /// Anything else, said in full.
     Failed(String),
+    /// A Ray pool's relay has no Ray to import: said in full, with how to install it.
+    NoRay(String),
+    /// A Ray pool's relay could not join its cluster or start its actor: said in full.
+    Cluster(String),
+}
+
+impl StartError {
+    /// What went wrong, in words.
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            StartError::NoNumpy(s)
+            | StartError::Failed(s)
+            | StartError::NoRay(s)
+            | StartError::Cluster(s) => s,
+        }
+    }
 }
 
 /// How long loading a body's module in a worker may take (its imports: NumPy is already there,

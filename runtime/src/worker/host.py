@@ -2,7 +2,7 @@
 # messages: loading a body's module from what the program sent, the `pyop` stand-in module, an
 # exception as the program rebuilds it (kind, message, traceback), and a result pickled so that
 # the program's restricted unpickler (`bridge/shared/glue.py`) can read it. A worker process runs
-# this text before its main loop (`worker.py`); a Ray actor (`bridge/ray/actor.py`) runs it too.
+# this text before its main loop (`worker.py`); a Ray actor (`worker/ray/actor.py`) runs it too.
 # Both run it under the file name `<pyop>`, whose frames are left out of tracebacks.
 
 import linecache

@@ -80,22 +80,11 @@ pub(crate) struct PoolInner {
     /// call (`Lease::worker`). `dropped_version` counts changes, so a call checks it for free.
     dropped: Mutex<std::collections::HashSet<String>>,
     dropped_version: AtomicU64,
-    /// Set for a pool of Ray actors: what it was asked for; the actors themselves are the
-    /// backend's (`bridge::ray`), made by the first call that needs them.
-    pub(crate) ray: Option<RayPool>,
-    pub(crate) backend: std::sync::OnceLock<Arc<dyn Backend>>,
-    /// A Ray pool's actors now, and how many are running a call.
-    ray_actors: Mutex<Vec<RayActor>>,
-    ray_busy: AtomicU64,
-}
-
-/// Where a pool's workers live when they are not this machine's processes: the pool holds its
-/// backend without knowing its type (the backend needs the interpreter, a layer up).
-pub(crate) trait Backend: Send + Sync {
-    /// Ends the idle workers ([`WorkerPool::shutdown`]); returns their ids.
-    fn shutdown(&self) -> Vec<u64>;
-    /// The backend itself, to be downcast by its layer.
-    fn as_any(&self) -> &dyn std::any::Any;
+    /// Where its workers run bodies: here, or (each worker the relay of one actor) on a Ray
+    /// cluster.
+    kind: Kind,
+    /// A Ray pool's actors now (each relay's, from its start until it ends).
+    actors: Mutex<Vec<RayActor>>,
 }
 
 impl Drop for PoolInner {
@@ -107,6 +96,14 @@ impl Drop for PoolInner {
         ));
         zygote::pool_dropped();
     }
+}
+
+/// Where a pool's workers run bodies.
+enum Kind {
+    /// In themselves: processes of this machine.
+    Local,
+    /// In a Ray actor each, whose relay the worker is (`ray`).
+    Ray(RayPool),
 }
 
 struct PoolState {
@@ -169,7 +166,9 @@ impl WorkerPool {
 
     /// A pool whose workers are actors on a Ray cluster (see [`RayPool`]): used as any other
     /// pool (`OpBuilder::pool`, or a named pool `PYOP_RAY_POOLS` points at a cluster), with the
-    /// same results, errors and counters as a pool of this machine's processes.
+    /// same results, errors and counters as a pool of this machine's processes: each of its
+    /// workers is a process of pyop's on this machine that relays the worker protocol to its
+    /// actor.
     pub fn ray(spec: RayPool) -> WorkerPool {
         WorkerPool::with(spec.actors, Some(spec))
     }
@@ -177,7 +176,7 @@ impl WorkerPool {
     /// Where the actors of a Ray pool run now (empty for other pools).
     pub fn ray_actors(&self) -> Vec<RayActor> {
         self.inner
-            .ray_actors
+            .actors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -203,10 +202,8 @@ impl WorkerPool {
                 bytes_out: AtomicU64::new(0),
                 dropped: Mutex::new(std::collections::HashSet::new()),
                 dropped_version: AtomicU64::new(0),
-                ray,
-                backend: std::sync::OnceLock::new(),
-                ray_actors: Mutex::new(Vec::new()),
-                ray_busy: AtomicU64::new(0),
+                kind: ray.map_or(Kind::Local, Kind::Ray),
+                actors: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -242,12 +239,7 @@ impl WorkerPool {
     /// What the pool has done so far.
     pub fn stats(&self) -> PoolStats {
         let p = &*self.inner;
-        let (running, busy) = if p.ray.is_some() {
-            (
-                p.ray_actors.lock().unwrap_or_else(|e| e.into_inner()).len(),
-                p.ray_busy.load(Relaxed) as usize,
-            )
-        } else {
+        let (running, busy) = {
             let st = p.lock();
             (st.live, st.live - st.idle.len())
         };
@@ -274,78 +266,16 @@ impl WorkerPool {
     /// Ends the idle workers now (busy ones end when their call returns and the pool is gone);
     /// the pool starts new ones when it is used again.
     pub fn shutdown(&self) {
-        if let Some(backend) = self.inner.backend.get() {
-            for id in backend.shutdown() {
-                self.count_end(id, None);
-            }
-        }
         let idle = {
             let mut st = self.inner.lock();
             let idle = std::mem::take(&mut st.idle);
             st.live -= idle.len();
             idle
         };
-        drop(idle);
+        for w in idle {
+            self.inner.retire(w);
+        }
         self.inner.freed.notify_all();
-    }
-}
-
-/// What a backend (`bridge::ray`) counts in its pool's [`PoolStats`].
-impl WorkerPool {
-    /// The pool's size and its Ray spec, if it is a Ray pool.
-    pub(crate) fn ray_spec(&self) -> Option<&RayPool> {
-        self.inner.ray.as_ref()
-    }
-
-    /// A worker started, in `took`, and where it runs.
-    pub(crate) fn count_start(&self, took: Duration, actor: RayActor) {
-        let p = &self.inner;
-        p.started.fetch_add(1, Relaxed);
-        p.start_ns.fetch_add(took.as_nanos() as u64, Relaxed);
-        p.ray_actors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(actor);
-    }
-
-    /// The actor `id` is gone: lost during a call, or killed on a time limit (`timed_out`), or
-    /// ended with the pool (`None`).
-    pub(crate) fn count_end(&self, id: u64, lost: Option<bool>) {
-        let p = &self.inner;
-        match lost {
-            Some(true) => p.timed_out.fetch_add(1, Relaxed),
-            Some(false) => p.lost.fetch_add(1, Relaxed),
-            None => 0,
-        };
-        p.ray_actors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|a| a.id != id);
-    }
-
-    /// A call starts (`true`) or ends on one of the pool's actors, with the bytes it sent and
-    /// received.
-    pub(crate) fn count_busy(&self, starts: bool, bytes: (u64, u64)) {
-        let p = &self.inner;
-        if starts {
-            p.calls.fetch_add(1, Relaxed);
-            p.ray_busy.fetch_add(1, Relaxed);
-        } else {
-            p.ray_busy.fetch_sub(1, Relaxed);
-        }
-        p.bytes_in.fetch_add(bytes.0, Relaxed);
-        p.bytes_out.fetch_add(bytes.1, Relaxed);
-    }
-
-    /// The module bases of ops that are gone, and how many times that set has changed.
-    pub(crate) fn dropped(&self) -> (u64, Vec<String>) {
-        let p = &self.inner;
-        let version = p.dropped_version.load(Relaxed);
-        if version == 0 {
-            return (0, Vec::new());
-        }
-        let dropped = p.dropped.lock().unwrap_or_else(|e| e.into_inner());
-        (version, dropped.iter().cloned().collect())
     }
 }
 
@@ -382,7 +312,7 @@ impl WorkerPool {
                         st.live -= 1;
                         p.lost.fetch_add(1, Relaxed);
                         drop(st);
-                        drop(w);
+                        p.retire(w);
                         st = p.lock();
                         continue;
                     }
@@ -418,11 +348,21 @@ impl PoolInner {
     /// place is given back.
     fn start(&self, id: u64, launch: &Launch) -> Result<Worker, StartError> {
         let started = Instant::now();
-        match Worker::start(id, launch, self.threads_per_worker()) {
+        let worker = match &self.kind {
+            Kind::Local => Worker::start(id, launch, self.threads_per_worker()),
+            Kind::Ray(spec) => ray::start(id, launch, spec),
+        };
+        match worker {
             Ok(w) => {
                 self.started.fetch_add(1, Relaxed);
                 self.start_ns
                     .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+                if let Some(actor) = &w.actor {
+                    self.actors
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(actor.clone());
+                }
                 tracing::debug!(worker = id, pid = w.pid, "pyop worker started");
                 Ok(w)
             }
@@ -436,6 +376,18 @@ impl PoolInner {
 }
 
 impl PoolInner {
+    /// Ends a worker that leaves the pool (lost, killed, idle at `shutdown`), and forgets its
+    /// actor if it had one.
+    fn retire(&self, w: Worker) {
+        if let Some(actor) = &w.actor {
+            self.actors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|a| a.id != actor.id);
+        }
+        drop(w);
+    }
+
     /// The threads each worker's BLAS and OpenMP pools get: the CPUs this program may use (its
     /// affinity and cgroup quota), shared among the pool's workers, at least one. Without it, a
     /// pool of N workers on C cores would run N × C BLAS threads, and each worker would start C
@@ -527,8 +479,9 @@ impl Lease {
             &self.pool.lost
         };
         counter.fetch_add(1, Relaxed);
-        let w = self.worker.take();
-        drop(w);
+        if let Some(w) = self.worker.take() {
+            self.pool.retire(w);
+        }
         self.pool.lock().live -= 1;
         self.pool.freed.notify_one();
     }
@@ -541,7 +494,7 @@ impl Drop for Lease {
             // Dropped while unwinding: the call may have stopped anywhere between its request and
             // its reply, so the worker may be out of step. It is ended, not reused.
             self.pool.lost.fetch_add(1, Relaxed);
-            drop(w);
+            self.pool.retire(w);
             self.pool.lock().live -= 1;
         } else {
             self.pool.lock().idle.push(w);

@@ -16,10 +16,16 @@ use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
 use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
 use super::wire::{self, RecvError};
+use super::RayActor;
 
 /// The worker's main loop, sent to it at start: what any process running bodies needs
-/// (`host.py`, which a Ray actor runs too), then the worker's own (`worker.py`).
-const WORKER_PY: &str = concat!(include_str!("host.py"), include_str!("worker.py"));
+/// (`host.py`, which a Ray actor runs too), what a Ray pool's relay does (`ray/relay.py`), then
+/// the worker's own (`worker.py`).
+const WORKER_PY: &str = concat!(
+    include_str!("host.py"),
+    include_str!("ray/relay.py"),
+    include_str!("worker.py")
+);
 
 /// What `python -c` runs, for a program embedding Python `version`: first the program's
 /// `sys.path` (its command line's arguments) replaces the worker's, before any import, so nothing
@@ -132,6 +138,8 @@ pub(crate) struct Worker {
     pub dropped_seen: u64,
     /// How long this worker's calls take, by function: when a caller checks for a reply.
     pace: Pace,
+    /// For a Ray pool's relay: where its actor runs (`ray::start`).
+    pub actor: Option<RayActor>,
 }
 
 /// Why an exchange ended without a reply.
@@ -139,6 +147,8 @@ enum Broken {
     Recv(RecvError),
     /// The worker sent something out of step or malformed: it is killed.
     Protocol(String),
+    /// A relay's Ray actor is gone (Ray's error, as `Type: message`); the relay exits.
+    Lost(String),
 }
 
 impl From<RecvError> for Broken {
@@ -256,6 +266,7 @@ impl Worker {
             write_limited: false,
             pace: Pace::default(),
             dropped_seen: 0,
+            actor: None,
         }
     }
 
@@ -320,6 +331,12 @@ impl Worker {
                 worker.kill();
                 Err(StartError::Failed(format!("{python} {what}")))
             }
+            Err(Broken::Lost(why)) => {
+                worker.kill();
+                Err(StartError::Failed(format!(
+                    "{python} said `lost` ({why}) while starting"
+                )))
+            }
             Err(Broken::Recv(RecvError::TimedOut)) => {
                 worker.kill();
                 Err(StartError::Failed(format!(
@@ -362,6 +379,28 @@ impl Worker {
                 self.kill();
                 Err(lost(format!("{what}, and was killed")))
             }
+            Err(Broken::Lost(why)) => {
+                self.kill();
+                Err(lost(format!("was lost ({why})")))
+            }
+        }
+    }
+
+    /// The worker as errors and traces name it: `worker 3 (pid 1234)`, or for a Ray pool's
+    /// relay its actor, `Ray actor 3 (pid 5678 on 10.0.0.7)`.
+    pub(crate) fn named(&self) -> String {
+        match &self.actor {
+            None => format!("worker {} (pid {})", self.id, self.pid),
+            Some(a) => format!("Ray actor {} (pid {} on {})", a.id, a.pid, a.ip),
+        }
+    }
+
+    /// What the pool starts in its place: `worker`, or `actor`.
+    pub(crate) fn noun(&self) -> &'static str {
+        if self.actor.is_some() {
+            "actor"
+        } else {
+            "worker"
         }
     }
 
@@ -437,6 +476,7 @@ impl Worker {
                 self.failed_loads.insert(load.key.clone(), failed.clone());
                 Ok(Some(failed))
             }
+            Reply::Lost { why } => Err(Broken::Lost(why)),
             other => Err(unexpected(&other, "a load")),
         }
     }
@@ -492,6 +532,7 @@ impl Worker {
                 | Reply::Pickled { retained, .. }
                 | Reply::Wrote { retained, .. }
                 | Reply::Raised { retained, .. } => *retained,
+                Reply::Lost { why } => return Err(Broken::Lost(why.clone())),
                 other => return Err(unexpected(other, "a call")),
             };
             // The body's time as the caller waits for it (a `need` in between included).
@@ -603,6 +644,7 @@ impl Worker {
             w.request(|seq| protocol::frame(seq, &ping), deadline)?;
             match w.reply(deadline)?.0 {
                 pong @ Reply::Pong { .. } => Ok(pong),
+                Reply::Lost { why } => Err(Broken::Lost(why)),
                 other => Err(unexpected(&other, "a ping")),
             }
         };
@@ -610,9 +652,10 @@ impl Worker {
         self.failure(result)
     }
 
-    /// Sends the zygote `request` with `fds` and returns its reply (`zygote.rs`); on any failure
-    /// the zygote is killed.
-    pub(crate) fn zygote_request(
+    /// Sends `request` with `fds` and returns its reply, whatever it is, within `limit`: the
+    /// zygote's requests (`zygote.rs`), a relay's join (`ray`). On any failure the process is
+    /// killed.
+    pub(crate) fn ask_once(
         &mut self,
         request: &Request<'_>,
         fds: &[std::os::fd::BorrowedFd<'_>],

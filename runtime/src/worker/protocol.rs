@@ -161,6 +161,19 @@ pub(crate) enum Request<'a> {
         key: &'a ModuleKey,
         fns: &'a [&'a str],
     },
+    /// To a worker that has just said `ready`: become the relay of a Ray actor (`ray/relay.py`):
+    /// join the cluster at `address` (`None`: `RAY_ADDRESS`, else the cluster this machine
+    /// runs) in `namespace`, start an actor of `actor`'s code with these resources and wait up
+    /// to `timeout` seconds for it to say where it runs. Every later load, call, ping and unload
+    /// is the actor's.
+    Join {
+        address: Option<&'a str>,
+        namespace: &'a str,
+        num_cpus: f64,
+        resources: &'a [(String, f64)],
+        actor: &'a str,
+        timeout: f64,
+    },
 }
 
 /// A frame: a request with its sequence number.
@@ -278,6 +291,46 @@ pub(crate) enum Reply {
     SpawnFailed { why: String },
     /// From the zygote: how its child ended, as `waitpid` gives it (a raw wait status).
     Reaped { status: i32 },
+    /// A relay joined its cluster and started its actor: the versions the relay (the program's
+    /// environment) runs, and where the actor runs with what.
+    Joined { driver: Versions, actor: ActorPlace },
+    /// A relay could not join or start its actor: at which step, and the exception.
+    JoinFailed { stage: JoinStage, exc: ExcInfo },
+    /// A relay's actor (or its node) is gone: Ray's error, as `Type: message`. The relay exits.
+    Lost { why: String },
+}
+
+/// Python X.Y, NumPy and Ray versions, which each actor's must equal the program's.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Versions {
+    pub python: String,
+    pub numpy: String,
+    pub ray: String,
+}
+
+/// Where a relay's actor runs: its process on its node, and its versions.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ActorPlace {
+    pub pid: u32,
+    pub node: String,
+    pub ip: String,
+    pub versions: Versions,
+}
+
+/// The step of a relay's join that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum JoinStage {
+    /// `import ray`.
+    Import,
+    /// `ray.init`: joining the cluster.
+    Connect,
+    /// The actor was not placed and started within the time limit.
+    Place,
+    /// The actor failed as it started.
+    Start,
 }
 
 #[derive(Deserialize)]
@@ -516,6 +569,9 @@ impl Reply {
             Reply::Spawned { .. } => "spawned",
             Reply::SpawnFailed { .. } => "spawn_failed",
             Reply::Reaped { .. } => "reaped",
+            Reply::Joined { .. } => "joined",
+            Reply::JoinFailed { .. } => "join_failed",
+            Reply::Lost { .. } => "lost",
         }
     }
 }
@@ -565,6 +621,9 @@ mod tests {
             r#"{"q":1,"m":{"s":"wrote","outs":[[0,0,8]],"retained":false}}"#.to_owned(),
             format!(r#"{{"q":1,"m":{{"s":"raised","exc":{EXC},"retained":false}}}}"#),
             r#"{"q":1,"m":{"s":"pong","missing":["g"]}}"#.to_owned(),
+            r#"{"q":1,"m":{"s":"joined","driver":{"python":"3.11","numpy":"2.4.6","ray":"2.60.0"},"actor":{"pid":9,"node":"ab","ip":"10.0.0.7","versions":{"python":"3.11","numpy":"2.4.6","ray":"2.60.0"}}}}"#.to_owned(),
+            format!(r#"{{"q":1,"m":{{"s":"join_failed","stage":"connect","exc":{EXC}}}}}"#),
+            r#"{"q":1,"m":{"s":"lost","why":"ActorDiedError: gone"}}"#.to_owned(),
         ];
         let kinds: Vec<&str> = cases
             .iter()
@@ -584,7 +643,10 @@ mod tests {
                 "pickled",
                 "wrote",
                 "raised",
-                "pong"
+                "pong",
+                "joined",
+                "join_failed",
+                "lost"
             ]
         );
     }
@@ -600,6 +662,12 @@ mod tests {
             r#"{"q":1,"m":{"s":"pong","missing":[]},"x":0}"#,
             r#"{"m":{"s":"loaded"}}"#,
             r#"{"q":1,"m":{"s":"raised","exc":{"type":"E"},"retained":false}}"#,
+            // A Ray actor's place without its versions, or a NumPy version missing on one side:
+            // an error, never a default.
+            r#"{"q":1,"m":{"s":"joined","driver":{"python":"3.11","numpy":"2.4.6","ray":"2.60.0"},"actor":{"pid":9,"node":"ab","ip":"10.0.0.7"}}}"#,
+            r#"{"q":1,"m":{"s":"joined","driver":{"python":"3.11","ray":"2.60.0"},"actor":{"pid":9,"node":"ab","ip":"10.0.0.7","versions":{"python":"3.11","numpy":"2.4.6","ray":"2.60.0"}}}}"#,
+            r#"{"q":1,"m":{"s":"join_failed","stage":"elsewhere","exc":{"type":"E"}}}"#,
+            r#"{"q":1,"m":{"s":"lost"}}"#,
         ] {
             let e = reply(bad).err().unwrap_or_else(|| panic!("accepted {bad}"));
             assert_eq!(e.field, "header", "{bad}: {e}");
@@ -749,6 +817,19 @@ mod tests {
         assert_eq!(
             String::from_utf8(with_seq(2, &encode(&load))).unwrap(),
             r#"{"q":2,"m":{"op":"load","key":{"base":"a#1.0#2","generation":3},"kind":"module","name":"numpy"}}"#
+        );
+        let resources = [("extra".to_owned(), 1.0)];
+        let join = Request::Join {
+            address: Some("10.0.0.5:6379"),
+            namespace: "pyop",
+            num_cpus: 0.5,
+            resources: &resources,
+            actor: "class PyopActor: ...",
+            timeout: 60.0,
+        };
+        assert_eq!(
+            String::from_utf8(frame(1, &join)).unwrap(),
+            r#"{"q":1,"m":{"op":"join","address":"10.0.0.5:6379","namespace":"pyop","num_cpus":0.5,"resources":[["extra",1.0]],"actor":"class PyopActor: ...","timeout":60.0}}"#
         );
     }
 

@@ -8,6 +8,7 @@ pub(crate) struct Worker {
     pub id: u64,
     pub pid: u32,
     pub dropped_seen: u64,
+    pub actor: Option<super::RayActor>,
     never: std::convert::Infallible,
 }
 
@@ -38,6 +39,23 @@ impl Worker {
     }
 
     pub(crate) fn exited(&mut self) -> bool {
+        match self.never {}
+    }
+
+    pub(crate) fn ask_once(
+        &mut self,
+        _request: &super::protocol::Request<'_>,
+        _fds: &[std::convert::Infallible],
+        _limit: std::time::Duration,
+    ) -> Result<Reply, Failure> {
+        match self.never {}
+    }
+
+    pub(crate) fn named(&self) -> String {
+        match self.never {}
+    }
+
+    pub(crate) fn noun(&self) -> &'static str {
         match self.never {}
     }
 }

@@ -74,8 +74,10 @@ from time import perf_counter as _perf_counter
 from time import thread_time as _thread_time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # defined by host.py, whose text runs before this file's (process.rs)
+if TYPE_CHECKING:  # defined by host.py and relay.py, whose text runs before this file's
     from host import _PYOP, _clean, _exception_info, _load_module, _Pickler, _PyopStub
+    from relay import _actor, _importer_text, _join, _relay_call, _relay_load, _relay_ping
+    from relay import _relay_unload
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.
@@ -259,6 +261,7 @@ _REQUESTS = {
     "unload": {"base"},
     "call": {"key", "function", "args", "out", "spin"},
     "ping": {"key", "fns"},
+    "join": {"address", "namespace", "num_cpus", "resources", "actor", "timeout"},
 }
 _LOADS = {
     "code": {"op_name", "text", "filename", "first_line"},
@@ -557,15 +560,7 @@ def _call(msg):
                 need = _room(n, outs, to_copy, inp.view[o["at"] : o["at"] + n], need)
             else:
                 outs.append([0, o["at"], n])
-    res = _arenas[1]
-    if need and need > (res.size if res is not None else 0):
-        _send({"s": "need", "need": need})
-        _, nxt, nfds = _recv_frame()
-        if nxt["op"] != "arena" or nxt["which"] != 1:
-            raise _ProtocolError("a need was answered with %r" % nxt["op"])
-        _map_or_exit(1, nfds, nxt["size"])
-        _send({"s": "mapped"})
-        res = _arenas[1]
+    res = _result_arena(need)
     for off, raw in to_copy:
         res.view[off : off + raw.nbytes] = raw
     del to_copy
@@ -601,6 +596,21 @@ def _call(msg):
         )
     else:
         _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
+
+
+def _result_arena(need):
+    """The result arena, with room for `need` bytes: a larger one asked for (`need`) when it
+    has not."""
+    res = _arenas[1]
+    if need and need > (res.size if res is not None else 0):
+        _send({"s": "need", "need": need})
+        _, nxt, nfds = _recv_frame()
+        if nxt["op"] != "arena" or nxt["which"] != 1:
+            raise _ProtocolError("a need was answered with %r" % nxt["op"])
+        _map_or_exit(1, nfds, nxt["size"])
+        _send({"s": "mapped"})
+        res = _arenas[1]
+    return res
 
 
 def _run(module, msg, views):
@@ -659,8 +669,9 @@ def _main():
             pass
     ns = {}
     exec(compile(init["importer"], _PYOP, "exec"), ns)
-    global _install_package
+    global _install_package, _importer_text
     _install_package = ns["_install_package"]
+    _importer_text = init["importer"]  # for a relay's actor (relay.py)
     try:
         import numpy
     except BaseException as e:  # noqa: BLE001
@@ -831,6 +842,20 @@ def _serve():
                     os.close(fd)
             if op == "arena":
                 _map_or_exit(msg["which"], fds, msg["size"])
+            elif _actor is not None:
+                # A relay (relay.py): the actor serves the rest.
+                if op == "call":
+                    _relay_call(msg)
+                elif op == "load":
+                    _relay_load(msg)
+                elif op == "ping":
+                    _relay_ping(msg)
+                elif op == "unload":
+                    _relay_unload(msg)
+                else:
+                    raise _ProtocolError("a relay got " + op)
+            elif op == "join":
+                _join(msg)
             elif op == "unload":
                 # Never answered: the op is gone in the program, its modules go here.
                 for old in [k for k in _modules if k[0] == msg["base"]]:

@@ -224,7 +224,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
                 }
             }
             Err(refused @ StartError::NoNumpy(_)) => return Spawn::Refused(refused),
-            Err(StartError::Failed(why)) => {
+            Err(StartError::Failed(why) | StartError::NoRay(why) | StartError::Cluster(why)) => {
                 // (Another Python version is said as a failure with its own words.)
                 if why.contains("but the program embeds Python") {
                     return Spawn::Refused(StartError::Failed(why));
@@ -265,7 +265,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
         env: &env,
         cwd: &cwd,
     };
-    let broken = match zygote.zygote_request(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
+    let broken = match zygote.ask_once(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
         Ok(Reply::Spawned { pid }) => match process::pidfd_of(pid) {
             Some(pidfd) => {
                 return Spawn::Forked {
@@ -279,7 +279,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
             None => {
                 // SAFETY: kill takes plain integers; the zygote has not reaped `pid`.
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-                let _ = zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT);
+                let _ = zygote.ask_once(&Request::Reap { pid }, &[], ZYGOTE_LIMIT);
                 "no pidfd".to_owned()
             }
         },
@@ -336,7 +336,7 @@ fn reap(pid: u32, generation: u64) -> Option<i32> {
     if *running != generation {
         return None;
     }
-    match zygote.zygote_request(&Request::Reap { pid }, &[], ZYGOTE_LIMIT) {
+    match zygote.ask_once(&Request::Reap { pid }, &[], ZYGOTE_LIMIT) {
         Ok(Reply::Reaped { status }) => Some(status),
         _ => {
             break_zygote(&mut state);

@@ -107,7 +107,7 @@ pub(crate) fn reply_value<'py>(
 
 /// A plain array sent as its dtype's string, shape and bytes: a read-only view of the bytes (a
 /// dtype with objects or fields is refused, as in a pickle).
-pub(crate) fn array_value<'py>(
+fn array_value<'py>(
     py: Python<'py>,
     dtype: &str,
     shape: impl IntoPyObject<'py>,
@@ -118,7 +118,7 @@ pub(crate) fn array_value<'py>(
 
 /// A pickle with its out-of-band buffers, read by the restricted unpickler (only the plain
 /// types' constructors and pyop's own).
-pub(crate) fn pickled_value<'py>(
+fn pickled_value<'py>(
     py: Python<'py>,
     payload: impl IntoPyObject<'py>,
     buffers: impl IntoPyObject<'py>,

@@ -19,15 +19,15 @@ pub(crate) fn lost_call(
     failure: Failure,
     timeout: Option<Duration>,
 ) -> Error {
-    let (id, pid) = (lease.worker().id, lease.worker().pid);
+    let (named, noun) = (lease.worker().named(), lease.worker().noun());
     lease.discard(matches!(failure, Failure::TimedOut { .. }));
     match failure {
         Failure::TimedOut { loading: false } => Error::op_failure(
             op,
             ErrorKind::Timeout,
             format!(
-                "the body ran past its time limit of {:?} in worker {id} (pid {pid}), which was \
-                 killed; the next call starts a new worker",
+                "the body ran past its time limit of {:?} in {named}, which was killed; the next \
+                 call starts a new {noun}",
                 timeout.unwrap_or_default()
             ),
         ),
@@ -35,8 +35,8 @@ pub(crate) fn lost_call(
             op,
             ErrorKind::Timeout,
             format!(
-                "loading the body in worker {id} (pid {pid}) took over {} s; the worker was \
-                 killed, and the next call starts a new one",
+                "loading the body in {named} took over {} s; the {noun} was killed, and the next \
+                 call starts a new one",
                 LOAD_TIMEOUT.as_secs()
             ),
         ),
@@ -50,8 +50,8 @@ pub(crate) fn lost_call(
                 op,
                 ErrorKind::WorkerLost,
                 format!(
-                    "worker {id} (pid {pid}) {how} while {doing}; this call failed, and the next \
-                     call starts a new worker"
+                    "{named} {how} while {doing}; this call failed, and the next call starts a \
+                     new {noun}"
                 ),
             )
         }
@@ -76,6 +76,8 @@ pub(crate) fn start_error(op: &str, launch: &Launch, e: StartError) -> Error {
             ErrorKind::PythonUnavailable,
             format!("cannot start a worker: {why}"),
         ),
+        StartError::NoRay(why) => Error::op_failure(op, ErrorKind::PackageUnavailable, why),
+        StartError::Cluster(why) => Error::op_failure(op, ErrorKind::ClusterUnavailable, why),
     }
 }
 

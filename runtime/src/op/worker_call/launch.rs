@@ -44,9 +44,13 @@ pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
             .getattr("version_info")
             .and_then(|v| Ok((v.get_item(0)?.extract()?, v.get_item(1)?.extract()?)))
             .map_err(|e| crate::python::errors::python_error(py, op, e))?;
-        let (describe, pip) = match env {
-            Some(e) => (e.describe(), e.pip_install("numpy")),
-            None => (String::new(), "`pip install numpy`".to_owned()),
+        let (describe, pip, pip_ray) = match env {
+            Some(e) => (e.describe(), e.pip_install("numpy"), e.pip_install("ray")),
+            None => (
+                String::new(),
+                "`pip install numpy`".to_owned(),
+                "`pip install ray`".to_owned(),
+            ),
         };
         Ok(Launch {
             python,
@@ -57,6 +61,7 @@ pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
             version: [version.0, version.1],
             describe,
             pip_numpy: pip,
+            pip_ray,
         })
     })?
     .0;

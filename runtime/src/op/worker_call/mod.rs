@@ -11,7 +11,6 @@ pub(crate) mod encode;
 mod errors;
 mod launch;
 pub(crate) mod load;
-mod ray;
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +37,8 @@ use crate::worker::Lease;
 pub(crate) struct Answer {
     pub answered: Answered,
     pub worker: u64,
+    /// For a Ray actor, its node's address.
+    pub node: Option<String>,
     _lease: Option<Lease>,
     /// The call's limit, from its exchange with the worker to the end of its output check (the
     /// program's reading of the reply counts against it too); dropped on the calling thread.
@@ -65,9 +66,6 @@ impl OpInner {
         timeout: Option<Duration>,
         span: &tracing::Span,
     ) -> Result<Outputs> {
-        if workers.pool.ray_spec().is_some() {
-            return self.run_in_ray(workers, args, prepared, device, timeout, span);
-        }
         // 1. The request. Hot reload may have given the body a new source, and an `out`
         // parameter or taken it away.
         let tout = self.failed_before_python(self.resolved_tout(args))?;
@@ -91,6 +89,9 @@ impl OpInner {
             },
         ))?;
         span.record("worker", answer.worker);
+        if let Some(node) = &answer.node {
+            span.record("node", node.as_str());
+        }
         // 3. The reply read back and checked, with the GIL.
         self.run_python(device, |py| {
             crate::python::numpy::ensure_numpy(py, Some(&self.name))?;
@@ -124,9 +125,6 @@ impl OpInner {
         device: &Device,
         check: impl FnOnce(pyo3::Python<'_>, &pyo3::Bound<'_, pyo3::PyAny>) -> Result<T>,
     ) -> Result<T> {
-        if workers.pool.ray_spec().is_some() {
-            return self.gradient_in_ray(workers, function, prepared, groups, device, check);
-        }
         let inputs =
             self.failed_before_python(WireInputs::new(&self.name, prepared.into_iter().flatten()))?;
         let [a, b, c] = groups;
@@ -174,7 +172,10 @@ impl OpInner {
             )?;
             let worker = lease.worker();
             let (id, pid) = (worker.id, worker.pid);
-            let _span = tracing::trace_span!("pyop.worker", op, worker = id, pid).entered();
+            let node = worker.actor.as_ref().map(|a| a.ip.clone());
+            let _span =
+                tracing::trace_span!("pyop.worker", op, worker = id, pid, node = node.as_deref())
+                    .entered();
             let deadline = crate::python::timeout::Deadline::enter(call.timeout);
             let result = worker.call(Exchange {
                 load,
@@ -201,6 +202,7 @@ impl OpInner {
                     Ok(Answer {
                         answered,
                         worker: id,
+                        node,
                         _lease: lease,
                         _deadline: deadline,
                     })
@@ -243,17 +245,19 @@ impl OpInner {
 
     /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
     pub(crate) fn check_worker(&self, workers: &Workers, functions: &[&str]) -> Result<()> {
-        if workers.pool.ray_spec().is_some() {
-            return self.check_ray(workers, functions);
-        }
         let op = self.name.as_str();
         let launch = launch(op)?;
         let load = workers.load(op, None);
-        let (worker, reply) = crate::python::without_gil(|| {
+        let (worker, where_, reply) = crate::python::without_gil(|| {
             let mut lease = self.lease(workers, launch)?;
             let worker = lease.worker().id;
+            let where_ = if lease.worker().actor.is_some() {
+                "on a Ray actor"
+            } else {
+                "in a worker"
+            };
             match lease.worker().ask(&load, functions, LOAD_TIMEOUT) {
-                Ok(reply) => Ok((worker, reply)),
+                Ok(reply) => Ok((worker, where_, reply)),
                 Err(f) => Err(lost_call(op, lease, f, Some(LOAD_TIMEOUT))),
             }
         })?;
@@ -266,12 +270,7 @@ impl OpInner {
             other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
         };
         if !missing.is_empty() {
-            return Err(missing_functions(
-                op,
-                &self.body_named(),
-                "in a worker",
-                &missing,
-            ));
+            return Err(missing_functions(op, &self.body_named(), where_, &missing));
         }
         Ok(())
     }
@@ -286,9 +285,6 @@ impl PyOp {
         let Some(workers) = &op.workers else {
             return Ok(());
         };
-        if workers.pool.ray_spec().is_some() {
-            return op.start_actors(workers);
-        }
         let launch = launch(&op.name)?;
         crate::python::without_gil(|| workers.pool.fill(launch))
             .map_err(|e| start_error(&op.name, launch, e))
