@@ -115,6 +115,20 @@ fn local_cluster() -> std::io::Result<(LocalCluster, String)> {
     let python = std::env::var_os("VIRTUAL_ENV").map_or("python3".into(), |v| {
         std::path::Path::new(&v).join("bin/python")
     });
+    let has_ray = Command::new(&python)
+        .args(["-c", "import ray"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_ray {
+        let python = python.display();
+        eprintln!(
+            "Ray is not installed in {python}: install it with\n    {python} -m pip install \
+             'ray>=2.40,<3'\n(`scripts/dev.sh test` installs it too), or set PYOP_RAY_ADDRESS to \
+             a running cluster whose Ray version the program's environment has"
+        );
+        std::process::exit(2);
+    }
     let mut child = Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -201,6 +201,31 @@ fn workers_example_runs_the_op_in_both_places() {
     assert!(out.contains("op tokenize_w: calls 41, errors 0"), "{out}");
 }
 
+/// Without Ray in the environment, the Ray example says how to install it (and exits 2).
+#[test]
+fn ray_example_without_ray_says_how_to_install_it() {
+    // An environment whose `bin/python` is a Python without Ray: the venv's own, told (by a
+    // `ray` package first on its path) that Ray cannot be imported.
+    let dir = std::env::temp_dir().join(format!("pyop-no-ray-{}", std::process::id()));
+    let fake = dir.join("path/ray");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(
+        fake.join("__init__.py"),
+        "raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n",
+    )
+    .unwrap();
+    let out = Command::new(built().join("ray"))
+        .env("PYOP_RAY_ADDRESS", "")
+        .env("PYTHONPATH", dir.join("path"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with("Ray is not installed in "), "{err}");
+    assert!(err.contains(" -m pip install 'ray>=2.40,<3'"), "{err}");
+}
+
 #[test]
 fn ray_example_runs_the_op_on_actors_of_two_nodes() {
     // The example starts a two-node cluster of this machine for itself and stops it.

@@ -76,8 +76,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # defined by host.py and relay.py, whose text runs before this file's
     from host import _PYOP, _clean, _exception_info, _load_module, _Pickler, _PyopStub
-    from relay import _actor, _importer_text, _join, _relay_call, _relay_load, _relay_ping
-    from relay import _relay_unload
+    from relay import (
+        _actor,
+        _importer_text,  # noqa: F401 - set here (`init`)
+        _join,
+        _relay_call,
+        _relay_load,
+        _relay_ping,
+        _relay_unload,
+    )
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.

@@ -239,7 +239,9 @@ fn join_failed(
         )),
         JoinStage::Connect => {
             // Ray's own words when nothing runs where it looked.
-            let none_running = exc.message.contains("Could not find any running Ray instance");
+            let none_running = exc
+                .message
+                .contains("Could not find any running Ray instance");
             let hint = if none_running {
                 "; start one with `ray start --head`, or point PYOP_RAY_ADDRESS (or \
                  RayPool::address) at a running one"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # defined by host.py and worker.py, one namespace (process.rs)
     from host import _clean, _exception_info, _np
-    from worker import _MAX_PICKLE, _ProtocolError, _Views, _decode, _result_arena, _room, _send
+    from worker import _MAX_PICKLE, _decode, _ProtocolError, _result_arena, _room, _send, _Views
 
 _ray: Any = None  # the `ray` module, once joined
 _actor: Any = None  # this relay's actor's handle
@@ -93,7 +93,8 @@ def _join(msg):
     if msg["resources"]:
         options["resources"] = {k: v for k, v in msg["resources"]}
     try:
-        actor = ray.remote(PyopHost).options(**options).remote(msg["actor"], _importer_text, sys.argv)
+        remote: Any = ray.remote  # (typed by Ray for decorators, not for a class's handle)
+        actor = remote(PyopHost).options(**options).remote(msg["actor"], _importer_text, sys.argv)
     except BaseException as e:  # noqa: BLE001
         return failed("start", e)
     try:
