@@ -34,7 +34,8 @@ pub enum ErrorKind {
     DeviceMismatch,
     /// The Python interpreter could not be started or set up.
     PythonUnavailable,
-    /// A Python package the op needs (NumPy) cannot be imported.
+    /// A Python package the op needs cannot be imported: NumPy (numpy mode, workers), or Ray in
+    /// the program's environment (a Ray pool's relays). The message names the install command.
     PackageUnavailable,
     /// The op's source did not compile, or its module failed to import.
     Source,
@@ -55,9 +56,9 @@ pub enum ErrorKind {
     /// A worker process died while running the call (a crash, `os._exit`, a kill from outside),
     /// or a Ray pool's actor or its node was lost during it; the pool replaces it.
     WorkerLost,
-    /// A Ray pool's cluster cannot be used: Ray is not installed in the program's environment,
-    /// the cluster cannot be reached, or its nodes run another Python X.Y, NumPy or Ray than
-    /// the program. The message names the fix.
+    /// A Ray pool's cluster cannot be used: it cannot be reached or joined (Ray's exception and
+    /// traceback), an actor cannot be placed or fails as it starts, or its node runs another
+    /// Python X.Y, NumPy or Ray than the program. The message names the fix.
     ClusterUnavailable,
 }
 

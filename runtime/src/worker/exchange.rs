@@ -125,3 +125,17 @@ pub(crate) struct Answered {
     /// Bytes the worker copied into the result arena for this reply.
     pub copied_out: u64,
 }
+
+/// Where an actor of a Ray pool runs (for [`WorkerPool::ray_actors`](crate::WorkerPool::ray_actors)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RayActor {
+    /// The pool's number for it (as a worker's, in errors and traces).
+    pub id: u64,
+    /// Its process on its node.
+    pub pid: u32,
+    /// Its node's Ray id.
+    pub node: String,
+    /// Its node's address.
+    pub ip: String,
+}

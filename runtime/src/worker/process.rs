@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::arena::Arena;
+use super::exchange::RayActor;
 use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
 use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
 use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
 use super::wire::{self, RecvError};
-use super::RayActor;
 
 /// The worker's main loop, sent to it at start: what any process running bodies needs
 /// (`host.py`, which a Ray actor runs too), what a Ray pool's relay does (`ray/relay.py`), then
@@ -386,12 +386,15 @@ impl Worker {
         }
     }
 
-    /// The worker as errors and traces name it: `worker 3 (pid 1234)`, or for a Ray pool's
-    /// relay its actor, `Ray actor 3 (pid 5678 on 10.0.0.7)`.
+    /// The worker as errors name it: `worker 3 (pid 1234)`, or for a Ray pool's relay its
+    /// actor and itself, `Ray actor 3 (pid 5678 on 10.0.0.7; its relay here, pid 1234)`.
     pub(crate) fn named(&self) -> String {
         match &self.actor {
             None => format!("worker {} (pid {})", self.id, self.pid),
-            Some(a) => format!("Ray actor {} (pid {} on {})", a.id, a.pid, a.ip),
+            Some(a) => format!(
+                "Ray actor {} (pid {} on {}; its relay here, pid {})",
+                a.id, a.pid, a.ip, self.pid
+            ),
         }
     }
 
@@ -667,6 +670,7 @@ impl Worker {
             w.sock
                 .set_write_timeout(Some(limit.max(Duration::from_millis(1))))
                 .map_err(io)?;
+            w.write_limited = true;
             wire::send(&w.sock, &protocol::frame(w.seq, request), fds).map_err(io)?;
             Ok(w.reply(deadline)?.0)
         };

@@ -327,6 +327,8 @@ pub(crate) enum JoinStage {
     Import,
     /// `ray.init`: joining the cluster.
     Connect,
+    /// Asking Ray for the actor (its options refused).
+    Submit,
     /// The actor was not placed and started within the time limit.
     Place,
     /// The actor failed as it started.

@@ -8,7 +8,7 @@ pub(crate) struct Worker {
     pub id: u64,
     pub pid: u32,
     pub dropped_seen: u64,
-    pub actor: Option<super::RayActor>,
+    pub actor: Option<super::exchange::RayActor>,
     never: std::convert::Infallible,
 }
 

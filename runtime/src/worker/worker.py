@@ -1,6 +1,6 @@
 # The main loop of a pyop worker process (`runtime/src/worker/`). The parent starts
-# `python -c <bootstrap>`, which reads `host.py`'s text and then this file's from fd 3 and runs
-# them under the file name `<pyop>` (its frames are left out of tracebacks, as in the program
+# `python -c <bootstrap>`, which reads `host.py`'s text, `ray/relay.py`'s (what a Ray pool's
+# relay does) and then this file's from fd 3 and runs them under the file name `<pyop>` (its frames are left out of tracebacks, as in the program
 # itself). `host.py` has what any process running bodies needs (loading them, their exceptions,
 # their results pickled); this file, the socket, the shared memory and the main loop.
 #
@@ -584,25 +584,28 @@ def _call(msg):
             }
         )
     elif len(payload) > _MAX_PICKLE:
-        _send(
-            {
-                "s": "raised",
-                "retained": retained,
-                "exc": {
-                    "type": "OverflowError",
-                    "module": "builtins",
-                    "bases": ["OverflowError", "ArithmeticError", "Exception", "BaseException"],
-                    "message": "the result pickles to %d bytes, more than a reply can carry (4 GiB); "
-                    "return it as an array" % len(payload),
-                    "traceback": "",
-                    "phase": "result",
-                    "syntax": None,
-                    "name": None,
-                },
-            }
-        )
+        _send(_too_large(len(payload), retained))
     else:
         _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
+
+
+def _too_large(n, retained):
+    """The reply for a result that pickles to `n` bytes, more than a frame carries."""
+    return {
+        "s": "raised",
+        "retained": retained,
+        "exc": {
+            "type": "OverflowError",
+            "module": "builtins",
+            "bases": ["OverflowError", "ArithmeticError", "Exception", "BaseException"],
+            "message": "the result pickles to %d bytes, more than a reply can carry (4 GiB); "
+            "return it as an array" % n,
+            "traceback": "",
+            "phase": "result",
+            "syntax": None,
+            "name": None,
+        },
+    }
 
 
 def _result_arena(need):

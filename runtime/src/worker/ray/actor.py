@@ -83,10 +83,10 @@ class PyopActor:
             e = KeyError("the module %r is not loaded in this actor" % (key,))
             return {"s": "raised", "exc": _exception_info(e, "worker"), "retained": False}, b"", []
         kwargs = {}
-        if outs is not None:
-            arrays = [_np.zeros(shape, dtype) for dtype, shape in outs]
-            kwargs["out"] = arrays[0] if len(arrays) == 1 else tuple(arrays)
         try:
+            if outs is not None:
+                arrays = [_np.zeros(shape, dtype) for dtype, shape in outs]
+                kwargs["out"] = arrays[0] if len(arrays) == 1 else tuple(arrays)
             result = getattr(module, function)(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every exception goes back to the program
             return {"s": "raised", "exc": _exception_info(e, "call"), "retained": False}, b"", []

@@ -15,6 +15,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use super::exchange::RayActor;
 use super::exchange::{Failure, Launch, StartError};
 use super::process::Worker;
 use super::protocol::{ActorPlace, ExcInfo, JoinStage, Reply, Request, Versions};
@@ -107,20 +108,6 @@ fn listed(pools: &str, name: &str) -> bool {
         .any(|p| p == "*" || p == name)
 }
 
-/// Where an actor of a Ray pool runs (for [`WorkerPool::ray_actors`](crate::WorkerPool::ray_actors)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RayActor {
-    /// The pool's number for it (as a worker's, in errors and traces).
-    pub id: u64,
-    /// Its process on its node.
-    pub pid: u32,
-    /// Its node's Ray id.
-    pub node: String,
-    /// Its node's address.
-    pub ip: String,
-}
-
 /// The actor's code: what any process running bodies needs, then the actor class. The relay
 /// sends it to Ray by value, so no node needs a file of pyop's.
 const ACTOR_PY: &str = concat!(include_str!("../host.py"), include_str!("actor.py"));
@@ -135,6 +122,17 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// actor. Where the actor runs is the worker's `actor`.
 pub(crate) fn start(id: u64, launch: &Launch, spec: &RayPool) -> Result<Worker, StartError> {
     recent_failure(spec)?;
+    let env_address = std::env::var("RAY_ADDRESS").ok();
+    if let Some(address) = spec.address.as_deref().or(env_address.as_deref()) {
+        if address.trim() == "local" {
+            return Err(StartError::Cluster(
+                "the Ray address `local` would start a one-machine cluster in each actor's \
+                 relay, ending with it: start one with `ray start --head` and use its address \
+                 (or none, for the cluster this machine runs)"
+                    .to_owned(),
+            ));
+        }
+    }
     if let Some(address) = &spec.address {
         reachable(address)?;
     }
@@ -151,6 +149,11 @@ pub(crate) fn start(id: u64, launch: &Launch, spec: &RayPool) -> Result<Worker, 
     let reply = relay.ask_once(&join, &[], JOIN_TIMEOUT + PLACE_TIMEOUT);
     let place = match reply {
         Ok(Reply::Joined { driver, actor }) => {
+            let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+            if failed.as_ref().is_some_and(|f| f.1 == spec.address) {
+                *failed = None;
+            }
+            drop(failed);
             if let Some(why) = mismatch(&actor, &driver) {
                 return Err(StartError::Cluster(why));
             }
@@ -164,8 +167,17 @@ pub(crate) fn start(id: u64, launch: &Launch, spec: &RayPool) -> Result<Worker, 
             }
             return Err(e);
         }
+        Ok(Reply::Raised { exc, .. }) => {
+            return Err(StartError::Cluster(format!(
+                "the relay of Ray actor {id} failed as it joined the cluster at {} ({}: {})\n{}",
+                shown(&spec.address),
+                exc.type_name,
+                exc.message,
+                exc.traceback.trim_end()
+            )))
+        }
         Ok(other) => {
-            return Err(StartError::Failed(format!(
+            return Err(StartError::Cluster(format!(
                 "the relay of Ray actor {id} answered its join with `{}`",
                 other.kind()
             )))
@@ -179,7 +191,7 @@ pub(crate) fn start(id: u64, launch: &Launch, spec: &RayPool) -> Result<Worker, 
             )))
         }
         Err(Failure::Lost { how, .. }) => {
-            return Err(StartError::Failed(format!(
+            return Err(StartError::Cluster(format!(
                 "the relay of Ray actor {id} {how} while joining the cluster (its own output, \
                  above, says why)"
             )))
@@ -260,6 +272,15 @@ fn join_failed(
             PLACE_TIMEOUT.as_secs(),
             spec.num_cpus,
             if spec.num_cpus == 1.0 { "" } else { "s" },
+            spec.resources
+                .iter()
+                .map(|(k, v)| format!(", {v} {k}"))
+                .collect::<String>()
+        )),
+        JoinStage::Submit => StartError::Cluster(format!(
+            "actor {id} of a Ray pool could not be asked for ({what}): Ray refused what the \
+             pool asks it for ({} CPUs{}){traceback}",
+            spec.num_cpus,
             spec.resources
                 .iter()
                 .map(|(k, v)| format!(", {v} {k}"))

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # defined by host.py and worker.py, one namespace (process.rs)
     from host import _clean, _exception_info, _np
-    from worker import _MAX_PICKLE, _decode, _ProtocolError, _result_arena, _room, _send, _Views
+    from worker import (
+        _MAX_PICKLE,
+        _decode,
+        _ProtocolError,
+        _result_arena,
+        _room,
+        _send,
+        _too_large,
+        _Views,
+    )
 
 _ray: Any = None  # the `ray` module, once joined
 _actor: Any = None  # this relay's actor's handle
@@ -96,11 +105,14 @@ def _join(msg):
         remote: Any = ray.remote  # (typed by Ray for decorators, not for a class's handle)
         actor = remote(PyopHost).options(**options).remote(msg["actor"], _importer_text, sys.argv)
     except BaseException as e:  # noqa: BLE001
-        return failed("start", e)
+        return failed("submit", e)
     try:
         where = ray.get(actor.where.remote(), timeout=msg["timeout"])
     except BaseException as e:  # noqa: BLE001
-        ray.kill(actor, no_restart=True)
+        try:
+            ray.kill(actor, no_restart=True)
+        except BaseException:  # noqa: BLE001, S110 - the relay exits when the program sees this
+            pass
         return failed("place" if isinstance(e, ray.exceptions.GetTimeoutError) else "start", e)
     _ray, _actor = ray, actor
     _send(
@@ -116,16 +128,34 @@ def _join(msg):
     )
 
 
+# Ray's errors that say the actor (or its node, or Ray on this node) is gone.
+_LOST = (
+    "RayActorError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "ObjectLostError",
+    "OwnerDiedError",
+    "WorkerCrashedError",
+    "LocalRayletDiedError",
+)
+
+
 def _get(ref):
-    """What the actor answered; if it (or its node) is gone, the program is told and the relay
-    exits."""
+    """What the actor answered. If it (or its node) is gone, the program is told (`lost`); if
+    the actor's own machinery raised, as a worker's (`raised`, phase `worker`). Either way the
+    relay exits."""
+    import os
+
     try:
         return _ray.get(ref)
     except BaseException as e:  # noqa: BLE001 - the actor's end, or Ray's
-        import os
-
-        _send({"s": "lost", "why": _clean("%s: %s" % (type(e).__name__, e))})
-        os._exit(75)
+        lost = tuple(getattr(_ray.exceptions, n) for n in _LOST if hasattr(_ray.exceptions, n))
+        if isinstance(e, lost):
+            _send({"s": "lost", "why": _clean("%s: %s" % (type(e).__name__, e))})
+            os._exit(75)
+        _send({"s": "raised", "exc": _exception_info(e, "worker"), "retained": False})
+        os._exit(70)
 
 
 def _relay_load(msg):
@@ -167,7 +197,9 @@ def _relay_call(msg):
             need = _room(raw.nbytes, placed, to_copy, raw, need)
     if kind == "array" and len(placed) == 1:
         reply["place"] = placed[0]
-    elif kind == "pickled" and len(payload) <= _MAX_PICKLE:
+    elif kind == "pickled" and len(payload) > _MAX_PICKLE:
+        return _send(_too_large(len(payload), False))
+    elif kind == "pickled":
         reply["bufs"] = placed
     elif kind == "wrote" and len(placed) == len(outs or ()):
         reply["outs"] = placed
