@@ -564,6 +564,41 @@ fn floor_attach_call(n: usize) -> Duration {
     )
 }
 
+/// `contended_ident_8threads`: 8 threads call the scalar tensor-mode op at once (after a
+/// barrier), `calls` calls each; every call timed alone. Prints the median, p99 and p999 of the
+/// calls and the calls per second in all: how the GIL is handed over under contention.
+fn contended(threads: usize, calls: usize) -> (Duration, Duration, Duration, f64) {
+    let barrier = std::sync::Barrier::new(threads);
+    let started = Instant::now();
+    let mut all: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+                    tensor_ident(&x).unwrap();
+                    barrier.wait();
+                    (0..calls)
+                        .map(|_| {
+                            let t = Instant::now();
+                            std::hint::black_box(tensor_ident(&x).unwrap());
+                            t.elapsed()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let per_second = all.len() as f64 / started.elapsed().as_secs_f64();
+    all.sort();
+    let at = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99), at(0.999), per_second)
+}
+
 /// The threads besides `main` that programs call ops from.
 #[derive(Clone, Copy)]
 enum Place {
@@ -714,6 +749,17 @@ fn main() {
                 place.run(move || chained(n, &x, op))
             });
         }
+    }
+    let case = "contended_ident_8threads";
+    if wanted(case) {
+        let (p50, p99, p999, per_second) = contended(8, if quick { 5 } else { 5000 });
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "case={case} median_us={:.3} p99_us={:.3} p999_us={:.3} calls_per_s={per_second:.0}",
+            us(p50),
+            us(p99),
+            us(p999)
+        );
     }
     let n = if quick { 5 } else { 2000 };
     report("backward_pygrad", || backward_pygrad(n));
