@@ -15,6 +15,8 @@ use pyop::candle::{DType, Device, Tensor};
 use pyop::interop::pyo3::prelude::*;
 use pyop::{py_op, Arg, OutSpec, PyOp};
 
+mod common;
+
 /// The system allocator, counting the bytes it has live.
 struct Counting;
 
@@ -66,13 +68,6 @@ static ALLOCATOR: Counting = Counting;
 /// The two tests measure the whole process, so they take turns.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Resident memory of this process, in bytes.
-fn rss() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
 /// What is live: Rust heap bytes and Python's allocated blocks (after a collection).
 fn live() -> (isize, isize) {
     let blocks = Python::attach(|py| {
@@ -104,7 +99,7 @@ fn calls_keep_memory_flat() {
         small_t(&x).unwrap();
     }
     let (heap, blocks) = live();
-    let resident = rss();
+    let resident = common::rss_bytes();
     for i in 0..CALLS {
         let y = small(&x, 1.0).unwrap();
         let z = small_t(&x).unwrap();
@@ -114,7 +109,7 @@ fn calls_keep_memory_flat() {
         }
     }
     let (heap_after, blocks_after) = live();
-    let grown = rss().saturating_sub(resident);
+    let grown = common::rss_bytes().saturating_sub(resident);
     println!(
         "over {} calls: Rust heap {:+} bytes, Python blocks {:+}, resident memory +{} KiB",
         2 * CALLS,

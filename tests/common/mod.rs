@@ -114,11 +114,14 @@ pub fn memory_lock() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Resident memory of this process in bytes (Linux `/proc/self/statm`).
+/// Resident memory of this process in bytes (Linux `/proc/self/statm`, in pages of the
+/// system's size). The one copy every test that measures memory uses.
 pub fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
+    // SAFETY: sysconf takes and returns plain integers.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * usize::try_from(page).unwrap_or(4096)
 }
 
 /// The name libtest knows the test `name` of `module` (the caller's `module_path!()`) by: the

@@ -681,13 +681,6 @@ fn strided_arrays_are_copied_exactly_for_every_dtype() {
     assert_eq!(second[0].to_vec1::<f32>().unwrap(), [-1.; 4]);
 }
 
-/// Resident memory of this process in bytes (Linux `/proc/self/statm`).
-fn rss() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
 /// The copy path without the copy: a fresh array the body returns (from 64 KiB on) becomes the
 /// tensor itself — same address — because NumPy allocated it, during the body, from the
 /// allocator candle frees into. Only when nothing else can reach it: a kept reference, a kept
@@ -793,12 +786,12 @@ fn fresh_arrays_become_tensors_without_a_copy_only_when_nothing_else_reaches_the
         .map(|_| plus.call(&[Arg::from(&big)]).unwrap())
         .collect();
     drop(warm);
-    let before = rss();
+    let before = common::rss_bytes();
     for _ in 0..300 {
         let y = plus.call(&[Arg::from(&big)]).unwrap();
         assert_eq!(y[0].dims(), [1 << 20]);
     }
-    let grown = rss().saturating_sub(before);
+    let grown = common::rss_bytes().saturating_sub(before);
     assert!(grown < 200 << 20, "resident memory grew by {grown} bytes");
 }
 
