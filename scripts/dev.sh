@@ -119,7 +119,8 @@ case "${1:-}" in
     if [ -n "$quick" ]; then
       # The in-process test files, and every crate's unit tests.
       inprocess=()
-      for t in in_process devx_tests leak_tests worker_tests docs; do
+      for t in in_process devx_tests leak_tests docs worker_start_tests worker_protocol_tests \
+        worker_limits_tests worker_memory_tests; do
         inprocess+=(--test "$t")
       done
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
@@ -171,7 +172,7 @@ case "${1:-}" in
     shift
     command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants@27.1.0
     guards=()
-    for t in ${MUTANTS_TESTS:-in_process hardening worker_tests devx_tests}; do
+    for t in ${MUTANTS_TESTS:-in_process hardening worker_start_tests worker_protocol_tests worker_limits_tests worker_memory_tests devx_tests}; do
       guards+=("--cargo-test-arg=--test=$t")
     done
     if [ "$#" -gt 0 ]; then

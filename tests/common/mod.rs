@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod tables;
+pub mod workers;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};

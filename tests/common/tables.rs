@@ -1,5 +1,5 @@
 //! The numpy-mode tables (the output rule table, the bad-output table, the exception-kind
-//! table), run by `in_process/numpy_tests.rs` in the program and by `worker_tests.rs` through worker
+//! table), run by `in_process/numpy_tests.rs` in the program and by `worker_protocol_tests.rs` through worker
 //! processes: the same cases, the same errors.
 
 use pyop::candle::{DType, Tensor};

@@ -4,11 +4,11 @@
 //! (`numpy_tests::zscore_…`), so `cargo test --workspace --test in_process numpy_tests::` runs
 //! what `--test numpy_tests` did.
 //!
-//! Apart, in binaries of their own: `worker_tests` (it counts the program's children, arenas,
-//! descriptors and `/dev/shm` entries, which other areas' workers would change), `devx_tests`
-//! (its ops are broken on purpose, and `validate()` checks every op of its binary), `leak_tests`
-//! (a counting global allocator), `examples_tests` (it builds the examples), `docs`, and the
-//! harness-less `hardening`, `python_env` and `user_crate`.
+//! Apart, in binaries of their own: the four `worker_*_tests` (they count the program's
+//! children, arenas, descriptors and `/dev/shm` entries, which other areas' workers would
+//! change), `devx_tests` (its ops are broken on purpose, and `validate()` checks every op of its
+//! binary), `leak_tests` (a counting global allocator), `examples_tests` (it builds the
+//! examples), `docs`, and the harness-less `hardening`, `python_env` and `user_crate`.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -926,7 +926,7 @@ mod tests {
     use super::*;
 
     /// Each signal a worker commonly dies of is named (mutation testing: every arm deleted went
-    /// unnoticed but SIGSEGV's, which `worker_tests` provokes).
+    /// unnoticed but SIGSEGV's, which `worker_limits_tests` provokes).
     #[test]
     fn exits_are_described_with_the_signal_named() {
         let killed = |sig: i32| describe_exit(ExitStatus::from_raw(sig));

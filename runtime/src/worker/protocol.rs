@@ -10,8 +10,8 @@
 //! (`WorkerLost` naming the field), never a default.
 //!
 //! Whether both sides agree is tested by round trips of every kind through the real worker
-//! (`tests/worker_tests.rs`, `every_message_kind_round_trips_through_a_real_worker`) and by the
-//! unit tests below, which hold the Rust side to the exact JSON `worker.py` writes.
+//! (`tests/worker_protocol_tests.rs`, `every_message_kind_round_trips_through_a_real_worker`) and
+//! by the unit tests below, which hold the Rust side to the exact JSON `worker.py` writes.
 
 use std::path::Path;
 
