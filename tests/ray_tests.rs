@@ -13,19 +13,8 @@ use pyop::candle::{DType, Tensor, Var};
 use pyop::{py_op, Arg, ErrorKind, OutSpec, PyOp, WorkerPool};
 
 mod common;
+use common::workers::worker_op;
 use common::{cpu, tables};
-
-/// An op of `pool` whose body is `code` (with NumPy imported as `np`), its function `f`.
-fn worker_op(pool: &WorkerPool, name: &str, code: &str, tout: &[OutSpec]) -> PyOp {
-    PyOp::builder(name)
-        .code(format!("import numpy as np\n{code}"))
-        .function("f")
-        .numpy()
-        .pool(pool)
-        .tout(tout.iter().cloned())
-        .build()
-        .unwrap()
-}
 
 fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
