@@ -849,12 +849,13 @@ def shared_rust_ok(x):
     );
 }
 
-/// Finding 9: a call's time limit covers the check of its outputs: a list of 2^23 numbers that
-/// takes seconds to read stops at the limit, in the program and from a worker.
+/// Finding 9: a call's time limit covers the check of its outputs: a list of 2^25 numbers that
+/// takes a second or more to read stops at the limit, in the program and from a worker. (A
+/// release build read 2^23 of them within 300 ms on a quiet machine: the check passed the limit.)
 fn a3_9_limit_covers_the_output_check() {
     let x = t(&[1.]);
-    let limit = Duration::from_millis(300);
-    let body = shared_list_body("amplify", 22);
+    let limit = Duration::from_millis(100);
+    let body = shared_list_body("amplify", 24);
     let pool = pyop::WorkerPool::new(1);
     for op in [
         numpy_op("amplify", &body),
