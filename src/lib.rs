@@ -68,6 +68,7 @@
 //! ## Interop with pyo3
 //!
 //! What ties pyop to a pyo3 version lives in [`interop`]; everything else is pyo3-free.
+#![warn(missing_docs)]
 
 #[doc(inline)]
 pub use pyop_macros::{op, py_op};

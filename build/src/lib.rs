@@ -22,7 +22,7 @@
 //! workspace, in each crate with binaries, tests or examples that use pyop). pyo3's own
 //! `pyo3_build_config::add_libpython_rpath_link_args()` does the same for crates that depend on
 //! pyo3 directly; this one needs no pyo3 dependency.
-
+#![warn(missing_docs)]
 // The example is a build script: its `fn main` is the point.
 #![allow(clippy::needless_doctest_main)]
 

@@ -4,6 +4,7 @@
 //! function signature into a typed model, `valid` checks the two against each other, and
 //! `expand` writes the wrapper; every mistake is collected in a `ctxt::Ctxt` and reported at
 //! once, each on its own token, next to a fallback copy of the user's function.
+#![warn(missing_docs)]
 
 mod ast;
 mod attr;

@@ -8,13 +8,21 @@ use candle_core::Tensor;
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub enum Arg<'a> {
+    /// A tensor: a `pyop.Tensor` in tensor mode, a read-only NumPy view in numpy mode.
     Tensor(&'a Tensor),
+    /// A list of tensors (`&[Tensor]`), each as a single tensor goes.
     Tensors(&'a [Tensor]),
+    /// A `float` (`f64`, and `f32` widened exactly).
     F64(f64),
+    /// An `int` (`i64`, `i32`, `u32`).
     I64(i64),
+    /// A `bool`.
     Bool(bool),
+    /// A `str`.
     Str(&'a str),
+    /// A list of `float`s.
     F64s(&'a [f64]),
+    /// A list of `int`s.
     I64s(&'a [i64]),
     /// An unsigned integer beyond `i64`'s range possibly (`usize`, `u64`).
     U64(u64),

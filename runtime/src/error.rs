@@ -99,9 +99,12 @@ pub enum Error {
     Python {
         /// The op it comes from; `None` for an error of no one op (`validate()`, set-up).
         op: Option<String>,
+        /// What kind of failure, from the exception's builtin base (`ValueError` →
+        /// `InvalidArgument`, …).
         kind: ErrorKind,
         /// The exception's type name, e.g. `ValueError`.
         exception: String,
+        /// The exception's message (`str(e)`).
         message: String,
         /// The formatted Python traceback, empty if Python gave none.
         traceback: String,
@@ -113,9 +116,11 @@ pub enum Error {
     Mismatch {
         /// The op it comes from.
         op: Option<String>,
+        /// What kind of failure (`OutputMismatch`, `GradientMismatch`).
         kind: ErrorKind,
         /// The output (or gradient) index, when the mismatch is about one value.
         index: Option<usize>,
+        /// What did not match, in words.
         what: String,
     },
 
@@ -125,7 +130,9 @@ pub enum Error {
     Op {
         /// The op it comes from; `None` for an error of no one op.
         op: Option<String>,
+        /// What kind of failure.
         kind: ErrorKind,
+        /// What went wrong and what to do.
         message: String,
     },
 

@@ -1,6 +1,7 @@
 //! The runtime behind [pyop](https://docs.rs/pyop): a GIL-aware eager executor for candle ops
 //! whose bodies are Python functions. Users depend on the `pyop` facade crate, which re-exports
 //! this crate's API and the `#[py_op]` macro.
+#![warn(missing_docs)]
 
 // The layers, lowest first. A file uses only its own layer and those below it, and no two files
 // use each other (`tests/layers.rs` checks both):

@@ -25,14 +25,19 @@ pub enum Source {
     /// Inline code; `filename` is what tracebacks show, and its first line is line
     /// `first_line` there (a `#[py_op]`'s `code` counts lines as its `.rs` file does).
     Code {
+        /// The code.
         code: Cow<'static, str>,
+        /// The name tracebacks show.
         filename: Cow<'static, str>,
+        /// The line number of its first line there.
         first_line: u32,
     },
     /// A file's text (embedded at compile time by `#[py_op(file = ...)]`); `path` is the file's
     /// path, shown in tracebacks.
     File {
+        /// The file's path.
         path: Cow<'static, str>,
+        /// Its text.
         text: Cow<'static, str>,
     },
     /// A module imported from `sys.path` on first use.
@@ -40,9 +45,13 @@ pub enum Source {
     /// A package served from memory: `files` (paths relative to `root`, `/`-separated) become
     /// the package `name`; the body is in its module `module`.
     Package {
+        /// The folder the files came from (for messages).
         root: Cow<'static, str>,
+        /// The package's name.
         name: Cow<'static, str>,
+        /// The module the body is in.
         module: Cow<'static, str>,
+        /// The files, by relative path.
         files: PackageFiles,
     },
 }

@@ -52,15 +52,21 @@ pub enum SourceDecl {
     /// literal's lines are the `.rs` file's lines (no `\n` escapes), so that Python's line
     /// numbers can be the file's.
     Code {
+        /// The literal's text.
         text: &'static str,
+        /// The `.rs` line where the literal starts.
         line: u32,
+        /// Whether the literal's lines are the `.rs` file's lines.
         lines_match: bool,
     },
     /// `file = "..."`: the path as written, its absolute path, and its text embedded at compile
     /// time.
     File {
+        /// The path as written.
         path: &'static str,
+        /// Its absolute path.
         abs: &'static str,
+        /// Its text, embedded at compile time.
         text: &'static str,
     },
     /// `module = "..."`.
@@ -69,9 +75,13 @@ pub enum SourceDecl {
     /// package named after the folder; the body is looked up in `module` (the package itself,
     /// or a module in it given with `module = "mylib.ops"`).
     Package {
+        /// The folder as written.
         path: &'static str,
+        /// Its absolute path.
         abs: &'static str,
+        /// The package's name (the folder's).
         name: &'static str,
+        /// The module the body is looked up in.
         module: &'static str,
         /// Each file's path relative to the folder (`/`-separated) and its text.
         files: &'static [(&'static str, &'static str)],
