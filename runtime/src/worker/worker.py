@@ -77,13 +77,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # defined by host.py and relay.py, whose text runs before this file's
     from host import _PYOP, _clean, _exception_info, _load_module, _Pickler, _PyopStub
     from relay import (
-        _actor,
         _importer_text,  # noqa: F401 - set here (`init`)
         _join,
-        _relay_call,
-        _relay_load,
-        _relay_ping,
-        _relay_unload,
     )
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
@@ -654,6 +649,21 @@ def _ping(msg):
     _send({"s": "pong", "missing": missing})
 
 
+def _unload(msg):
+    # Never answered: the op is gone in the program, its modules go here.
+    for old in [k for k in _modules if k[0] == msg["base"]]:
+        del _modules[old]
+    import gc
+
+    gc.collect()
+
+
+# What serves each request after `init` (an arena is mapped by the loop itself). A relay's join
+# (relay.py) puts its own in place: from then on the actor serves them, and a second join is
+# unexpected.
+_HANDLERS = {"call": _call, "load": _load, "ping": _ping, "unload": _unload, "join": _join}
+
+
 def _main():
     global _np, _seq
     # Ctrl-C in a terminal is the program's to handle; the worker is in its own process group,
@@ -852,35 +862,11 @@ def _serve():
                     os.close(fd)
             if op == "arena":
                 _map_or_exit(msg["which"], fds, msg["size"])
-            elif _actor is not None:
-                # A relay (relay.py): the actor serves the rest.
-                if op == "call":
-                    _relay_call(msg)
-                elif op == "load":
-                    _relay_load(msg)
-                elif op == "ping":
-                    _relay_ping(msg)
-                elif op == "unload":
-                    _relay_unload(msg)
-                else:
-                    raise _ProtocolError("a relay got " + op)
-            elif op == "join":
-                _join(msg)
-            elif op == "unload":
-                # Never answered: the op is gone in the program, its modules go here.
-                for old in [k for k in _modules if k[0] == msg["base"]]:
-                    del _modules[old]
-                import gc
-
-                gc.collect()
-            elif op == "call":
-                _call(msg)
-            elif op == "load":
-                _load(msg)
-            elif op == "ping":
-                _ping(msg)
-            else:
+                continue
+            handler = _HANDLERS.get(op)
+            if handler is None:
                 raise _ProtocolError("unexpected request " + op)
+            handler(msg)
         except BaseException as e:  # noqa: BLE001 - a failure of the worker itself
             # Said, then the worker exits: its state is not to be trusted with another call.
             try:

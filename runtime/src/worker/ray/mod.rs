@@ -267,24 +267,15 @@ fn join_failed(
         }
         JoinStage::Place => StartError::Cluster(format!(
             "actor {id} of a Ray pool was not placed and started within {} s: the cluster may \
-             lack the CPUs or resources it asks for ({} CPU{}{}); `ray status` shows what the \
-             nodes have",
+             lack the CPUs or resources it asks for ({}); `ray status` shows what the nodes \
+             have",
             PLACE_TIMEOUT.as_secs(),
-            spec.num_cpus,
-            if spec.num_cpus == 1.0 { "" } else { "s" },
-            spec.resources
-                .iter()
-                .map(|(k, v)| format!(", {v} {k}"))
-                .collect::<String>()
+            asked(spec)
         )),
         JoinStage::Submit => StartError::Cluster(format!(
             "actor {id} of a Ray pool could not be asked for ({what}): Ray refused what the \
-             pool asks it for ({} CPUs{}){traceback}",
-            spec.num_cpus,
-            spec.resources
-                .iter()
-                .map(|(k, v)| format!(", {v} {k}"))
-                .collect::<String>()
+             pool asks it for ({}){traceback}",
+            asked(spec)
         )),
         JoinStage::Start => StartError::Cluster(format!(
             "actor {id} of a Ray pool failed as it started ({what}): its node's Python \
@@ -292,6 +283,16 @@ fn join_failed(
              needs the program's Python, NumPy and Ray){traceback}"
         )),
     }
+}
+
+/// What each actor of `spec` asks Ray for: `0.5 CPUs, 1 extra`.
+fn asked(spec: &RayPool) -> String {
+    let cpus = if spec.num_cpus == 1.0 { "CPU" } else { "CPUs" };
+    let mut text = format!("{} {cpus}", spec.num_cpus);
+    for (k, v) in &spec.resources {
+        text.push_str(&format!(", {v} {k}"));
+    }
+    text
 }
 
 fn shown(address: &Option<String>) -> String {

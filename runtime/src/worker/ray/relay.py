@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # defined by host.py and worker.py, one namespace (process.rs)
     from host import _clean, _exception_info, _np
     from worker import (
+        _HANDLERS,
         _MAX_PICKLE,
         _decode,
         _ProtocolError,
@@ -64,9 +65,6 @@ def _join(msg):
     global _ray, _actor
     import sys
 
-    if _actor is not None:
-        raise _ProtocolError("a second join")
-
     def failed(stage, e):
         _send({"s": "join_failed", "stage": stage, "exc": _exception_info(e, "start")})
 
@@ -115,6 +113,8 @@ def _join(msg):
             pass
         return failed("place" if isinstance(e, ray.exceptions.GetTimeoutError) else "start", e)
     _ray, _actor = ray, actor
+    _HANDLERS.update(call=_relay_call, load=_relay_load, ping=_relay_ping, unload=_relay_unload)
+    del _HANDLERS["join"]
     _send(
         {
             "s": "joined",
