@@ -106,6 +106,11 @@ fn sizes() -> Vec<usize> {
 }
 
 fn calls_for(size: usize) -> usize {
+    // `CALLS` sets the count of every case (scripts/callgrind.sh counts instructions per call
+    // from two runs that differ only in it).
+    if let Some(n) = std::env::var("CALLS").ok().and_then(|v| v.parse().ok()) {
+        return n;
+    }
     if size <= 1 {
         2000
     } else if size <= 1 << 20 {
@@ -127,10 +132,14 @@ fn warming_up() -> bool {
     WARMING_UP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether `case` runs: all do unless `CASES` (comma-separated parts of names) picks some.
+/// Whether `case` runs: all do unless `CASES` (comma-separated parts of names, or whole names
+/// ending in `$`) picks some.
 fn wanted(case: &str) -> bool {
     std::env::var("CASES").map_or(true, |cases| {
-        cases.split(',').any(|part| case.contains(part.trim()))
+        cases.split(',').map(str::trim).any(|part| match part.strip_suffix('$') {
+            Some(whole) => case == whole,
+            None => case.contains(part),
+        })
     })
 }
 
