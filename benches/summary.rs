@@ -136,10 +136,13 @@ fn warming_up() -> bool {
 /// ending in `$`) picks some.
 fn wanted(case: &str) -> bool {
     std::env::var("CASES").map_or(true, |cases| {
-        cases.split(',').map(str::trim).any(|part| match part.strip_suffix('$') {
-            Some(whole) => case == whole,
-            None => case.contains(part),
-        })
+        cases
+            .split(',')
+            .map(str::trim)
+            .any(|part| match part.strip_suffix('$') {
+                Some(whole) => case == whole,
+                None => case.contains(part),
+            })
     })
 }
 
@@ -778,15 +781,19 @@ fn main() {
     report("threads2_call", || threads_call(2, calls));
     // Python-bound bodies (~1 ms of Python loop) from 2 threads: in the program they take turns
     // on the GIL; in 2 workers they run side by side.
-    let iters = if quick { 100 } else { pyloop_iters() };
+    // Both found only when a case needs them (the calibration is timed: under callgrind it
+    // would differ between runs).
+    let iters = std::cell::LazyCell::new(|| if quick { 100 } else { pyloop_iters() });
     let calls = if quick { 2 } else { 100 };
     // The plain-interpreter cases need NumPy there (the venv's, as scripts/dev.sh sets it up).
-    let numpy_here = std::process::Command::new(venv_python())
-        .args(["-c", "import numpy"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if numpy_here {
+    let numpy_here = std::cell::LazyCell::new(|| {
+        std::process::Command::new(venv_python())
+            .args(["-c", "import numpy"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if wanted("python_numpy_start") && *numpy_here {
         report("python_numpy_start", python_numpy_start);
     }
     report("worker_start", worker_start);
@@ -803,7 +810,7 @@ fn main() {
         report(&format!("pyloop_inner_{place}"), || {
             let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
             let time = || {
-                let t = op(&x, iters).unwrap().to_scalar::<f64>().unwrap();
+                let t = op(&x, *iters).unwrap().to_scalar::<f64>().unwrap();
                 Duration::from_secs_f64(t)
             };
             (0..5).for_each(|_| {
@@ -812,12 +819,12 @@ fn main() {
             median((0..calls.max(reps())).map(|_| time()).collect())
         });
     }
-    if numpy_here {
+    if wanted("pyloop_inner_python") && *numpy_here {
         report("pyloop_inner_python", || {
-            python_process_loop(iters, calls.max(reps()), 1)
+            python_process_loop(*iters, calls.max(reps()), 1)
         });
         report("pyloop_inner_python_pair", || {
-            python_process_loop(iters, calls.max(reps()), 2)
+            python_process_loop(*iters, calls.max(reps()), 2)
         });
     }
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
@@ -827,7 +834,7 @@ fn main() {
     ] {
         for (threads, name) in [(1, "1thread"), (2, "2threads")] {
             report(&format!("pyloop_{place}_{name}"), || {
-                pyloop_threads(threads, calls, iters, op)
+                pyloop_threads(threads, calls, *iters, op)
             });
         }
     }
@@ -838,7 +845,7 @@ fn main() {
     ] {
         report(&format!("pyloop_{place}_2threads_busy"), || {
             let _busy = Busy::start(2);
-            pyloop_threads(2, calls, iters, op)
+            pyloop_threads(2, calls, *iters, op)
         });
     }
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();

@@ -33,6 +33,8 @@ fn stats(name: &str) -> OpStats {
 }
 
 fn main() -> pyop::Result<()> {
+    // The time in Python and waiting for the GIL is counted only while timing is on.
+    pyop::set_timing(true);
     if std::env::var_os("PYOP_TRACE").is_some() {
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)

@@ -102,6 +102,8 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> pyop::Result<()> {
+    // The time in Python and waiting for the GIL is counted only while timing is on.
+    pyop::set_timing(true);
     // PYOP_EXAMPLE_CALLS: fewer calls per thread (the example's test runs it short).
     let calls = std::env::var("PYOP_EXAMPLE_CALLS")
         .ok()

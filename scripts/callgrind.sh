@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per call of summary-bench cases, counted by callgrind (exact, unlike time on a
 # shared machine): each case runs twice under valgrind, with CALLS=1000 and CALLS=3000 (REPS=1:
-# one untimed and one timed run of CALLS calls each), and the difference ÷ 4,000 is printed.
+# one untimed and one timed run of CALLS calls each), and the difference ÷ 4,000 is printed
+# (BLAS threads off and a fixed hash seed: their spinning and hashing would vary between runs).
 #   scripts/callgrind.sh                       # the floor and the scalar cases
 #   scripts/callgrind.sh numpy_ident_1 ...     # named cases
 set -euo pipefail
@@ -19,7 +20,7 @@ for l in sys.stdin:
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 total() { # case calls -> instructions of the whole run
-  CASES="$1\$" SIZES=1 REPS=1 ROUNDS=1 CALLS=$2 valgrind --tool=callgrind \
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONHASHSEED=0 CASES="$1\$" SIZES=1 REPS=1 ROUNDS=1 CALLS=$2 valgrind --tool=callgrind \
     --callgrind-out-file="$tmp/out" "$bin" --bench >/dev/null 2>"$tmp/log"
   sed -n 's/^summary: //p' "$tmp/out"
 }

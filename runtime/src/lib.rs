@@ -45,7 +45,7 @@ pub use python::exceptions::{error_to_python, OpTimeout, RustError};
 pub use registry::decl::{GradDecl, OpDecl, SourceDecl, StaticOp};
 pub use registry::{op_stats, registered_op, registered_ops};
 pub use spec::{numpy_can_hold, Mode, OutSpec};
-pub use stats::OpStats;
+pub use stats::{set_timing, OpStats};
 pub use tools::gradcheck::{gradcheck, GradCheck, GradReport};
 pub use tools::manifest::manifest_json;
 pub use tools::validate::{

@@ -1,7 +1,44 @@
 //! Per-op counters: what each op cost.
+//!
+//! Calls, errors and GIL acquisitions are always counted; the time spent in Python and waiting
+//! for the GIL only while timing is on ([`set_timing`], or `PYOP_TIMING=1` in the environment):
+//! reading the clock three times is a tenth of a scalar call.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
+
+/// Whether calls are timed: not yet read from the environment, off, or on.
+static TIMING: AtomicU8 = AtomicU8::new(UNREAD);
+const UNREAD: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+
+/// Turns the timing of calls on or off for the whole process: while on, every op's
+/// [`OpStats::python_time`] and [`OpStats::gil_wait`] grow with each call (off by default, unless
+/// the environment has `PYOP_TIMING=1`: a scalar call then costs three clock reads more).
+///
+/// ```
+/// pyop::set_timing(true);
+/// // ... calls ...
+/// # pyop::set_timing(false);
+/// ```
+pub fn set_timing(on: bool) {
+    TIMING.store(if on { ON } else { OFF }, Relaxed);
+}
+
+/// Whether calls are timed now (see [`set_timing`]).
+pub(crate) fn timing() -> bool {
+    match TIMING.load(Relaxed) {
+        ON => true,
+        OFF => false,
+        _ => {
+            let on = std::env::var_os("PYOP_TIMING").is_some_and(|v| v == "1");
+            // A `set_timing` that ran meanwhile wins.
+            let _ = TIMING.compare_exchange(UNREAD, if on { ON } else { OFF }, Relaxed, Relaxed);
+            TIMING.load(Relaxed) == ON
+        }
+    }
+}
 
 /// Live counters of one op; read them with [`crate::PyOp::stats`].
 #[derive(Debug, Default)]
@@ -24,9 +61,10 @@ pub struct OpStats {
     pub calls: u64,
     /// Calls that returned an error.
     pub errors: u64,
-    /// Time spent with the GIL held: converting, running the body, checking its outputs.
+    /// Time spent with the GIL held: converting, running the body, checking its outputs. Counted
+    /// only while timing is on ([`set_timing`]); zero otherwise.
     pub python_time: Duration,
-    /// Time spent waiting to take the GIL.
+    /// Time spent waiting to take the GIL. Counted only while timing is on ([`set_timing`]).
     pub gil_wait: Duration,
     /// Times the calling thread took the GIL during forward calls, from the arguments to the
     /// outputs (one per call; none for a call made while the GIL is held, as from a body).
@@ -45,19 +83,24 @@ pub struct OpStats {
 }
 
 impl Counters {
-    pub(crate) fn record(&self, ok: bool, python: Duration, gil_wait: Duration) {
+    /// Counts one call, and the time it took when it was timed: (in Python, waiting for the GIL).
+    pub(crate) fn record(&self, ok: bool, took: Option<(Duration, Duration)>) {
         self.calls.fetch_add(1, Relaxed);
         if !ok {
             self.errors.fetch_add(1, Relaxed);
         }
-        self.python_ns.fetch_add(python.as_nanos() as u64, Relaxed);
-        self.gil_wait_ns
-            .fetch_add(gil_wait.as_nanos() as u64, Relaxed);
+        if let Some((python, gil_wait)) = took {
+            self.python_ns.fetch_add(python.as_nanos() as u64, Relaxed);
+            self.gil_wait_ns
+                .fetch_add(gil_wait.as_nanos() as u64, Relaxed);
+        }
     }
 
     /// Adds the GIL acquisitions one forward call made on its thread.
     pub(crate) fn record_gil(&self, taken: u64) {
-        self.gil_taken.fetch_add(taken, Relaxed);
+        if taken != 0 {
+            self.gil_taken.fetch_add(taken, Relaxed);
+        }
     }
 
     /// Adds the time one call spent in a worker process.

@@ -641,11 +641,24 @@ fn counters_count_calls_errors_and_time() {
         .build()
         .unwrap();
     let x = scalar(1.0);
+    // Time is counted only while timing is on (no other test of this binary turns it on or off).
+    pyop::set_timing(false);
     for i in 0..10 {
         let _ = op.call(&[Arg::from(&x), Arg::Bool(i % 5 == 0)]);
     }
     let s = op.stats();
-    assert_eq!((s.calls, s.errors), (10, 2));
+    assert_eq!((s.calls, s.errors, s.gil_acquisitions), (10, 2, 10));
+    assert_eq!(
+        (s.python_time, s.gil_wait),
+        (Duration::ZERO, Duration::ZERO)
+    );
+    pyop::set_timing(true);
+    for _ in 0..3 {
+        op.call(&[Arg::from(&x), Arg::Bool(false)]).unwrap();
+    }
+    pyop::set_timing(false);
+    let s = op.stats();
+    assert_eq!((s.calls, s.errors, s.gil_acquisitions), (13, 2, 13));
     assert!(s.python_time > Duration::ZERO);
 }
 

@@ -15,8 +15,6 @@ pub(crate) mod tensor;
 pub(crate) mod value;
 pub(crate) mod view;
 
-use std::time::Instant;
-
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -24,20 +22,18 @@ use crate::error::{Error, ErrorKind, IntoOpName, Result, NO_OP};
 use crate::python::describe;
 use crate::python::env::{self, PythonEnv};
 
-/// Runs `f` with the GIL held; returns its result and when this thread had taken the GIL (so a
-/// caller that noted when it asked knows how long it waited, with one clock read less).
+/// Runs `f` with the GIL held and returns its result.
 ///
 /// Re-entrant: a thread that already holds the GIL (a body calling back into Rust, or Rust code
 /// inside `Python::attach`) gets it again at once.
 pub(crate) fn with_gil<R>(
     op: impl IntoOpName + Copy,
     f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
-) -> Result<(R, Instant)> {
+) -> Result<R> {
     env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
     crate::python::attach(|py| {
-        let taken = Instant::now();
         ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
-        f(py).map(|r| (r, taken))
+        f(py)
     })
 }
 

@@ -368,8 +368,7 @@ impl OpBuilder {
                 module.map(Bound::unbind)
             };
             Ok((body, keep, gradient, source, accepts_out))
-        })?
-        .0;
+        })?;
         let workers = match (self.pool, &source) {
             (Some(pool), Some(src)) => Some(Workers::new(pool, &name, src)),
             _ => None,

@@ -20,32 +20,29 @@ impl OpInner {
         device: &Device,
         f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
     ) -> Result<R> {
-        let started = Instant::now();
+        // The clock is read only while timing is on (`pyop::set_timing`).
+        let started = crate::stats::timing().then(Instant::now);
+        let mut taken = None;
         let result = with_gil(&self.name, |py| {
+            taken = started.map(|_| Instant::now());
             let _device = DeviceScope::enter(device);
             f(py)
         })
         .map_err(|e| e.in_op(&self.name));
-        match result {
-            Ok((r, taken)) => {
-                let waited = taken.saturating_duration_since(started);
-                self.counters.record(true, taken.elapsed(), waited);
-                Ok(r)
-            }
-            Err(e) => {
-                self.counters
-                    .record(false, started.elapsed(), Duration::ZERO);
-                Err(e)
-            }
-        }
+        let took = started.map(|started| match taken {
+            Some(taken) => (taken.elapsed(), taken.saturating_duration_since(started)),
+            None => (started.elapsed(), Duration::ZERO),
+        });
+        self.counters.record(result.is_ok(), took);
+        result
     }
 
     /// Runs `f`, Rust code of the op that needs no Python (a Rust gradient), and records it.
     pub(crate) fn run_rust<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        let started = Instant::now();
+        let started = crate::stats::timing().then(Instant::now);
         let result = f().map_err(|e| e.in_op(&self.name));
-        self.counters
-            .record(result.is_ok(), started.elapsed(), Duration::ZERO);
+        let took = started.map(|s| (s.elapsed(), Duration::ZERO));
+        self.counters.record(result.is_ok(), took);
         result
     }
 
@@ -53,6 +50,6 @@ impl OpInner {
     pub(crate) fn failed_before_python<T>(&self, result: Result<T>) -> Result<T> {
         result
             .map_err(|e| e.in_op(&self.name))
-            .inspect_err(|_| self.counters.record(false, Duration::ZERO, Duration::ZERO))
+            .inspect_err(|_| self.counters.record(false, None))
     }
 }

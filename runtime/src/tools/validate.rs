@@ -300,8 +300,7 @@ fn report(ops: &[&'static StaticOp], workers: bool) -> Result<ValidationReport> 
         }
         check_pool_sizes(ops, &mut report, &mut causes);
         Ok((report, causes, numpy_cause, in_workers))
-    })
-    .map(|(r, _)| r)?;
+    })?;
     let (mut report, mut causes, numpy_cause, in_workers) = checked;
     // Each worker op's start and load, side by side (separate processes: no GIL between them).
     let results: Vec<Result<()>> = std::thread::scope(|s| {

@@ -63,7 +63,6 @@ pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
             pip_numpy: pip,
             pip_ray,
         })
-    })?
-    .0;
+    })?;
     Ok(LAUNCH.get_or_init(|| found))
 }

@@ -222,7 +222,7 @@ impl OpInner {
             return (None, self.accepts_out);
         };
         let accepts_out =
-            with_gil(&self.name, |py| Ok(self.body_now(py).1)).map_or(self.accepts_out, |(a, _)| a);
+            with_gil(&self.name, |py| Ok(self.body_now(py).1)).unwrap_or(self.accepts_out);
         (Some(r.source()), accepts_out)
     }
 
@@ -265,7 +265,9 @@ impl OpInner {
             Reply::Pong { missing, .. } => missing,
             Reply::LoadFailed { exc } => {
                 let body = self.body_named();
-                return Err(with_gil(op, |py| Ok(worker_error(py, op, &body, worker, &exc)))?.0);
+                return Err(with_gil(op, |py| {
+                    Ok(worker_error(py, op, &body, worker, &exc))
+                })?);
             }
             other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
         };
