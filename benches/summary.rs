@@ -548,10 +548,10 @@ fn worker_start() -> Duration {
 }
 
 /// The floor of any embedding: the GIL taken, a Python identity function called (vectorcall) and
-/// the GIL released, with bare pyo3 on this thread, `n` calls a timed run, median of REPS runs.
+/// the GIL released, with bare pyo3 on this thread: one call per run of the closure this returns.
 /// The thread must keep its Python thread state between calls (the main thread does, and so does
 /// any thread pyop has called Python from).
-fn floor_attach_call(n: usize) -> Duration {
+fn floor_attach_call() -> impl FnMut() {
     let (ident, arg) = Python::attach(|py| {
         let module =
             PyModule::from_code(py, c"def ident(x):\n    return x", c"floor.py", c"floor").unwrap();
@@ -559,21 +559,50 @@ fn floor_attach_call(n: usize) -> Duration {
         let arg: Py<PyAny> = 1.5f32.into_pyobject(py).unwrap().into_any().unbind();
         (ident, arg)
     });
-    let call = || {
+    move || {
         Python::attach(|py| {
             ident.bind(py).call1((arg.bind(py),)).unwrap();
         })
+    }
+}
+
+/// The scalar call and the floor of any embedding on this thread, measured in turns: each of
+/// REPS runs times `n` calls of every case once, so a machine whose speed drifts between runs (a
+/// shared VM) moves all of them alike and their ratios hold. Median per-call times of the
+/// [`wanted`] ones among `floor_attach_call_1`, `tensor_ident_1` and `numpy_ident_1`, each name
+/// with `suffix`.
+fn scalar_group(n: usize, suffix: &str) -> Vec<(String, Duration)> {
+    // A thread pyop has called Python from keeps its thread state, as `main` does.
+    tensor_ident(&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
+    let mut floor = floor_attach_call();
+    type Case<'a> = (String, Box<dyn FnMut() + 'a>);
+    let chain = |op: fn(&Tensor) -> pyop::Result<Tensor>| {
+        let mut a = x.clone();
+        move || a = op(&a).unwrap()
     };
-    (0..n).for_each(|_| call());
-    median(
-        (0..reps())
-            .map(|_| {
-                let t = Instant::now();
-                (0..n).for_each(|_| call());
-                t.elapsed() / n as u32
-            })
-            .collect(),
-    )
+    let mut cases: Vec<Case<'_>> = vec![
+        (format!("floor_attach_call_1{suffix}"), Box::new(move || floor())),
+        (format!("tensor_ident_1{suffix}"), Box::new(chain(tensor_ident))),
+        (format!("numpy_ident_1{suffix}"), Box::new(chain(numpy_ident))),
+    ];
+    cases.retain(|(name, _)| wanted(name));
+    for (_, call) in &mut cases {
+        (0..n.max(3)).for_each(|_| call());
+    }
+    let mut times = vec![Vec::new(); cases.len()];
+    for _ in 0..reps() {
+        for ((_, call), times) in cases.iter_mut().zip(&mut times) {
+            let t = Instant::now();
+            (0..n).for_each(|_| call());
+            times.push(t.elapsed() / n as u32);
+        }
+    }
+    cases
+        .into_iter()
+        .zip(times)
+        .map(|((name, _), times)| (name, median(times)))
+        .collect()
 }
 
 /// `contended_ident_8threads`: 8 threads call the scalar tensor-mode op at once (after a
@@ -685,9 +714,12 @@ fn main() {
             WARMING_UP.store(round + 1 < rounds, std::sync::atomic::Ordering::Relaxed);
             let n = if quick { 5 } else { calls_for(size) };
             let x = Tensor::zeros(size, DType::F32, &device()).unwrap();
-            report(&format!("numpy_ident_{size}"), || {
-                chained(n, &x, numpy_ident)
-            });
+            // At one element, the scalar group below measures these beside the floor.
+            if size != 1 {
+                report(&format!("numpy_ident_{size}"), || {
+                    chained(n, &x, numpy_ident)
+                });
+            }
             report_faults(&format!("numpy_plus1_{size}"), n, || {
                 chained(n, &x, numpy_plus1)
             });
@@ -710,9 +742,11 @@ fn main() {
                 }),
                 Err(e) => println!("case=dlpack_plus1_{size} skipped=\"{e}\""),
             }
-            report(&format!("tensor_ident_{size}"), || {
-                chained(n, &x, tensor_ident)
-            });
+            if size != 1 {
+                report(&format!("tensor_ident_{size}"), || {
+                    chained(n, &x, tensor_ident)
+                });
+            }
             report(&format!("tensor_plus1_{size}"), || {
                 chained(n, &x, tensor_plus1)
             });
@@ -733,32 +767,31 @@ fn main() {
             });
         }
     }
-    // The scalar call from the threads programs call from, beside the main thread's (the
-    // `_1` cases above) and the floor of any embedding on each.
+    // The scalar call and the floor of any embedding, measured in turns on each kind of thread
+    // programs call from (the main thread's without a suffix).
     let n = if quick { 5 } else { calls_for(1) };
-    report("floor_attach_call_1", || floor_attach_call(n));
-    report("floor_attach_call_1_spawned", || {
-        Place::Spawned.run(move || {
-            // A thread pyop has called Python from keeps its thread state, as `main` does.
-            tensor_ident(&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap()).unwrap();
-            floor_attach_call(n)
-        })
-    });
-    type Ident = fn(&Tensor) -> pyop::Result<Tensor>;
+    let scalar = |suffix: &'static str| move || scalar_group(n, suffix);
+    let mut results = scalar("")();
+    for place in Place::ALL {
+        let suffix: &'static str = match place {
+            Place::Spawned => "_spawned",
+            Place::Rayon => "_rayon",
+            Place::Tokio => "_tokio",
+        };
+        results.extend(place.run(scalar(suffix)));
+    }
+    if !warming_up() {
+        for (case, per_call) in results {
+            println!("case={case} median_us={:.3}", per_call.as_secs_f64() * 1e6);
+        }
+    }
     // A worker round trip from those threads too (where a program's pool of threads calls a
     // worker op).
-    for (mode, op) in [
-        ("tensor", tensor_ident as Ident),
-        ("numpy", numpy_ident),
-        ("worker", worker_ident),
-    ] {
-        if mode == "worker" && !device().is_cpu() {
-            continue;
-        }
+    if device().is_cpu() {
         for place in Place::ALL {
-            report(&format!("{mode}_ident_1_{}", place.name()), || {
+            report(&format!("worker_ident_1_{}", place.name()), || {
                 let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
-                place.run(move || chained(n, &x, op))
+                place.run(move || chained(n, &x, worker_ident))
             });
         }
     }

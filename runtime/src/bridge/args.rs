@@ -88,14 +88,23 @@ pub(crate) fn call<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = callable.py();
     // A free slot before the arguments lets CPython call a bound method without a copy
-    // (`PY_VECTORCALL_ARGUMENTS_OFFSET`).
-    let mut ptrs: SmallVec<[*mut pyo3::ffi::PyObject; 6]> = SmallVec::new();
-    ptrs.push(std::ptr::null_mut());
-    ptrs.extend(args.iter().map(Bound::as_ptr));
+    // (`PY_VECTORCALL_ARGUMENTS_OFFSET`); the usual few arguments sit in an array on the stack.
+    let mut inline = [std::ptr::null_mut::<pyo3::ffi::PyObject>(); 6];
+    let mut spilled = Vec::new();
+    let needed = args.len() + 1 + usize::from(out.is_some());
+    let ptrs: &mut [*mut pyo3::ffi::PyObject] = if needed <= inline.len() {
+        &mut inline[..needed]
+    } else {
+        spilled.resize(needed, std::ptr::null_mut());
+        &mut spilled
+    };
+    for (slot, arg) in ptrs[1..].iter_mut().zip(args.iter()) {
+        *slot = arg.as_ptr();
+    }
     static OUT: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     let kwnames = match out {
         Some(out) => {
-            ptrs.push(out.as_ptr());
+            ptrs[needed - 1] = out.as_ptr();
             Some(OUT.get_or_try_init(py, || PyTuple::new(py, ["out"]).map(Bound::unbind))?)
         }
         None => None,

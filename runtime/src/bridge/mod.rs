@@ -15,6 +15,8 @@ pub(crate) mod tensor;
 pub(crate) mod value;
 pub(crate) mod view;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -30,12 +32,21 @@ pub(crate) fn with_gil<R>(
     op: impl IntoOpName + Copy,
     f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
 ) -> Result<R> {
+    if READY.load(Ordering::Acquire) {
+        return crate::python::attach(f);
+    }
     env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
     crate::python::attach(|py| {
         ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
+        READY.store(true, Ordering::Release);
         f(py)
     })
 }
+
+/// Set once the interpreter is started and set up and the `pyop` module installed: what
+/// [`ensure_ready`] does once per process, after which no call asks again (none of it is ever
+/// undone while the process runs).
+static READY: AtomicBool = AtomicBool::new(false);
 
 static MODULE: PyOnceLock<()> = PyOnceLock::new();
 

@@ -63,20 +63,18 @@ pub(crate) fn prepare_inputs(
     args: &[Arg<'_>],
 ) -> Result<PreparedInputs> {
     let mut out = PreparedInputs::new();
-    let mut err = None;
-    let mut index = 0;
     for arg in args {
-        arg.for_each_tensor(|t| {
-            if err.is_none() {
-                match prepare(op, passing, t, index) {
-                    Ok(p) => out.push(p),
-                    Err(e) => err = Some(e),
+        match arg {
+            Arg::Tensor(t) => out.push(prepare(op, passing, t, out.len())?),
+            Arg::Tensors(ts) => {
+                for t in *ts {
+                    out.push(prepare(op, passing, t, out.len())?);
                 }
             }
-            index += 1;
-        });
+            _ => {}
+        }
     }
-    err.map_or(Ok(out), Err)
+    Ok(out)
 }
 
 fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepared> {

@@ -24,20 +24,13 @@ thread_local! {
     static TAKEN: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Whether this thread holds the GIL (never asks before the interpreter exists).
-fn holds_gil() -> bool {
-    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
-    // that it is never asked before the interpreter exists.
-    unsafe { pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 }
-}
-
 /// Runs `f` with the GIL: every place pyop enters Python goes through here
 /// (`runtime/tests/layers.rs` checks), so how often a thread took the GIL is known
 /// ([`acquisitions`]; re-entering while it is held takes nothing), and every thread keeps its
 /// Python thread state between calls (`thread_state`), so a call from any thread costs what it
 /// costs on the main thread.
 pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
-    if !holds_gil() {
+    if !thread_state::holds_gil() {
         let _ = TAKEN.try_with(|t| t.set(t.get() + 1));
         thread_state::keep();
     }
@@ -54,7 +47,7 @@ pub(crate) fn acquisitions() -> u64 {
 /// Used around anything that can block on another thread (candle's storage locks): a thread that
 /// blocks while holding the GIL can deadlock with a Python body that is waiting for the GIL.
 pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if holds_gil() {
+    if thread_state::holds_gil() {
         attach(|py| py.detach(f))
     } else {
         f()

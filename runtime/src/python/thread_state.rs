@@ -36,13 +36,19 @@ use std::ptr;
 
 use pyo3::ffi;
 
-/// The thread state pyop made for this thread, or null.
-struct Kept(Cell<*mut ffi::PyThreadState>);
+/// This thread's Python thread state as pyop knows it: the one pyop made and keeps (`owned`), or
+/// the main thread's own, which lives as long as the interpreter; null until the first call, and
+/// always null on a thread whose thread state someone else made and may delete (a
+/// `threading.Thread`, a caller's own `Python::attach`).
+struct Kept {
+    tstate: Cell<*mut ffi::PyThreadState>,
+    owned: Cell<bool>,
+}
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        let tstate = self.0.replace(ptr::null_mut());
-        if tstate.is_null() || is_main_thread() || !interpreter_running() {
+        let tstate = self.tstate.replace(ptr::null_mut());
+        if tstate.is_null() || !self.owned.get() || is_main_thread() || !interpreter_running() {
             return;
         }
         // SAFETY: the interpreter is running; this reads the thread state that holds the GIL
@@ -72,7 +78,31 @@ impl Drop for Kept {
 }
 
 thread_local! {
-    static KEPT: Kept = const { Kept(Cell::new(ptr::null_mut())) };
+    static KEPT: Kept = const {
+        Kept {
+            tstate: Cell::new(ptr::null_mut()),
+            owned: Cell::new(false),
+        }
+    };
+}
+
+/// Whether this thread holds the GIL, asked cheaply once its thread state is known: one read of
+/// the current thread state, compared with this thread's (on 3.11 the current one is the GIL
+/// holder's, on 3.12 and later this thread's own while it is attached: equal to this thread's
+/// either way exactly when this thread holds the GIL). Before that, or on a thread whose state
+/// pyop does not know, CPython's own `PyGILState_Check`.
+pub(crate) fn holds_gil() -> bool {
+    let known = KEPT
+        .try_with(|k| k.tstate.get())
+        .unwrap_or(ptr::null_mut());
+    if !known.is_null() {
+        // SAFETY: the interpreter was running when `known` was recorded, and is not finalized
+        // while pyop's calls run; this only reads the current thread state's address.
+        return unsafe { ffi::compat::PyThreadState_GetUnchecked() } == known;
+    }
+    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
+    // that it is never asked before the interpreter exists.
+    unsafe { ffi::Py_IsInitialized() != 0 && ffi::PyGILState_Check() == 1 }
 }
 
 /// Makes sure this thread, which does not hold the GIL, has a Python thread state that outlives
@@ -81,10 +111,10 @@ thread_local! {
 pub(crate) fn keep() {
     // A thread whose thread-local storage is being torn down (Python run by a destructor) keeps
     // nothing: `Python::attach` makes and deletes a thread state for that call, as before.
-    let Ok(kept) = KEPT.try_with(|k| !k.0.get().is_null()) else {
+    let Ok(known) = KEPT.try_with(|k| !k.tstate.get().is_null()) else {
         return;
     };
-    if kept {
+    if known {
         return;
     }
     // SAFETY: Py_IsInitialized may be called at any time.
@@ -95,7 +125,13 @@ pub(crate) fn keep() {
         return;
     }
     // SAFETY: the interpreter is initialized; this reads the calling thread's gilstate slot.
-    if !unsafe { ffi::PyGILState_GetThisThreadState() }.is_null() {
+    let existing = unsafe { ffi::PyGILState_GetThisThreadState() };
+    if !existing.is_null() {
+        // The main thread's state, made by the interpreter's start, lives as long as the
+        // interpreter: known from now on. Any other thread's belongs to whoever made it.
+        if is_main_thread() {
+            let _ = KEPT.try_with(|k| k.tstate.set(existing));
+        }
         return;
     }
     // SAFETY: the interpreter is running and this thread has no thread state and does not hold
@@ -105,7 +141,10 @@ pub(crate) fn keep() {
         ffi::PyGILState_Ensure();
         ffi::PyEval_SaveThread()
     };
-    let _ = KEPT.try_with(|k| k.0.set(tstate));
+    let _ = KEPT.try_with(|k| {
+        k.tstate.set(tstate);
+        k.owned.set(true);
+    });
 }
 
 /// Whether the interpreter is initialized and not finalizing.
