@@ -582,9 +582,18 @@ fn scalar_group(n: usize, suffix: &str) -> Vec<(String, Duration)> {
         move || a = op(&a).unwrap()
     };
     let mut cases: Vec<Case<'_>> = vec![
-        (format!("floor_attach_call_1{suffix}"), Box::new(move || floor())),
-        (format!("tensor_ident_1{suffix}"), Box::new(chain(tensor_ident))),
-        (format!("numpy_ident_1{suffix}"), Box::new(chain(numpy_ident))),
+        (
+            format!("floor_attach_call_1{suffix}"),
+            Box::new(move || floor()),
+        ),
+        (
+            format!("tensor_ident_1{suffix}"),
+            Box::new(chain(tensor_ident)),
+        ),
+        (
+            format!("numpy_ident_1{suffix}"),
+            Box::new(chain(numpy_ident)),
+        ),
     ];
     cases.retain(|(name, _)| wanted(name));
     for (_, call) in &mut cases {

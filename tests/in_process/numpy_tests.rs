@@ -187,6 +187,99 @@ fn inputs_are_read_only_zero_copy_views() {
     }
 }
 
+#[py_op(code = r#"
+import numpy as np
+def back(x, how):
+    ways = [lambda: x, lambda: x[...], lambda: x.view(), lambda: x[::-1], lambda: x.T,
+            lambda: x.reshape(-1), lambda: x[:1], lambda: x.view(np.int32),
+            lambda: x.view(x.dtype.newbyteorder()), lambda: np.asarray(x, order="F")]
+    return ways[how]()
+"#, numpy, tout = f32)]
+fn back(x: &Tensor, how: i64) -> pyop::Result<Tensor>;
+
+/// A body that hands an input's view back unchanged returns that very input (no copy, the same
+/// storage); every other view of it — reversed, transposed, reshaped, cut, reinterpreted, of
+/// another byte order — is read as what it is, or refused when it is not the declared dtype.
+#[test]
+fn a_returned_input_view_is_the_input_and_any_other_view_what_it_is() {
+    let grid = Tensor::arange(0f32, 6., &cpu())
+        .unwrap()
+        .reshape((2, 3))
+        .unwrap();
+    let inputs = [
+        ("a 2x3 grid", grid.clone()),
+        // Transposed, the same data, shape and base, other strides.
+        (
+            "a 3x3 grid",
+            Tensor::arange(0f32, 9., &cpu())
+                .unwrap()
+                .reshape((3, 3))
+                .unwrap(),
+        ),
+        ("one element", Tensor::new(&[7f32], &cpu()).unwrap()),
+        ("a 0-d scalar", Tensor::new(5f32, &cpu()).unwrap()),
+        ("a dim-1 narrow", grid.narrow(1, 1, 2).unwrap()),
+        ("a transposed grid", grid.t().unwrap()),
+    ];
+    for (what, x) in &inputs {
+        let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let dims = x.dims().to_vec();
+        let n = x.elem_count();
+        for how in [0, 1, 2] {
+            let y = back(x, how).unwrap();
+            assert_eq!(y.dims(), dims, "{what}, {how}");
+            assert_eq!(values(&y), values(x), "{what}, {how}");
+            assert_eq!(data_ptr(&y), data_ptr(x), "{what}, {how}: the input itself");
+        }
+        if x.rank() > 0 {
+            // Reversed along the first dimension.
+            let y = back(x, 3).unwrap();
+            let want: Vec<Tensor> = (0..dims[0]).rev().map(|i| x.get(i).unwrap()).collect();
+            let want = Tensor::stack(&want, 0).unwrap();
+            assert_eq!(values(&y), values(&want), "{what}, reversed");
+            let y = back(x, 6).unwrap();
+            assert_eq!(
+                values(&y),
+                values(&x.narrow(0, 0, 1).unwrap()),
+                "{what}, cut"
+            );
+        }
+        let y = back(x, 4).unwrap();
+        let want = if x.rank() >= 2 {
+            x.t().unwrap()
+        } else {
+            x.clone()
+        };
+        assert_eq!(
+            (y.dims(), values(&y)),
+            (want.dims(), values(&want)),
+            "{what}, .T"
+        );
+        let y = back(x, 5).unwrap();
+        assert_eq!(
+            (y.dims(), values(&y)),
+            (&[n][..], values(x)),
+            "{what}, reshape"
+        );
+        let e = back(x, 7).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutputMismatch, "{what}, int32: {e}");
+        assert!(e.to_string().contains("int32"), "{what}: {e}");
+        // Byte-swapped: not a dtype pyop reads, refused rather than read as native floats.
+        let e = back(x, 8).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            ErrorKind::OutputMismatch,
+            "{what}, byte order: {e}"
+        );
+        let y = back(x, 9).unwrap();
+        assert_eq!(
+            (y.dims(), values(&y)),
+            (&dims[..], values(x)),
+            "{what}, F order"
+        );
+    }
+}
+
 #[py_op(code = "def ident(x):\n    return x", name = "ident", numpy, tout = f32)]
 fn ident_f32(x: &Tensor) -> pyop::Result<Tensor>;
 

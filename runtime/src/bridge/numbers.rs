@@ -191,6 +191,10 @@ fn from_numpy(
     let Some(np) = crate::python::numpy::numpy_if_loaded(py).map_err(describe)? else {
         return Ok(None);
     };
+    // The usual numpy-mode result, an input's view handed back, first and cheapest.
+    if let Some(t) = crate::bridge::view::unchanged_view(py, value, dtype) {
+        return Ok(Some(t));
+    }
     if let Some(t) = adopted(py, value, dtype) {
         return Ok(Some(t));
     }

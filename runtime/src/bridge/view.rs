@@ -95,6 +95,103 @@ fn data_and_base(array: &Bound<'_, PyUntypedArray>) -> (usize, *mut pyo3::ffi::P
     }
 }
 
+/// [`own_view`]'s answer for the usual returned value, an input's view handed back as it is, in
+/// pointer compares and no Python call: `value` is an exact ndarray of the native dtype object of
+/// the tensor's dtype, whose base is the hidden root (an exact ndarray over the same data), whose
+/// base is a `pyop.Tensor` that made it; neither array writable; the tensor's shape and strides.
+/// `None` sends the value down the general path, which gives the same answer for everything this
+/// accepts (and the errors).
+pub(crate) fn unchanged_view(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    want: Option<DType>,
+) -> Option<Tensor> {
+    use pyo3::type_object::PyTypeInfo;
+    // SAFETY: NumPy is loaded (the caller found it); its ndarray type object.
+    let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+    let is = |obj: *mut pyo3::ffi::PyObject, ty: *mut pyo3::ffi::PyTypeObject| {
+        // SAFETY: reading the type of a live, non-null object.
+        !obj.is_null() && unsafe { pyo3::ffi::Py_TYPE(obj) } == ty
+    };
+    if !is(value.as_ptr(), ndarray) {
+        return None;
+    }
+    // SAFETY: `value` is an exact ndarray, alive; its base (if any) is alive while it is, and
+    // the root's base while the root is. Only fields are read.
+    let (view, root) = unsafe {
+        let view = &*value.as_ptr().cast::<npyffi::PyArrayObject>();
+        if !is(view.fields.base, ndarray) {
+            return None;
+        }
+        (view, &*view.fields.base.cast::<npyffi::PyArrayObject>())
+    };
+    let writable = npyffi::NPY_ARRAY_WRITEABLE;
+    if root.fields.data != view.fields.data
+        || !is(root.fields.base, PyTensor::type_object_raw(py))
+        || (view.fields.flags | root.fields.flags) & writable != 0
+    {
+        return None;
+    }
+    // SAFETY: the root's base is an exact `pyop.Tensor`, alive while the root is.
+    let base = unsafe { Borrowed::from_ptr(py, root.fields.base).cast_unchecked::<PyTensor>() };
+    let owner = base.get();
+    let t = owner.tensor();
+    if owner.writable()
+        || owner.view_data() != Some(view.fields.data as usize)
+        || want.is_some_and(|w| w != t.dtype())
+        || view.fields.descr != native_descr(py, t.dtype())?
+    {
+        return None;
+    }
+    let size = t.dtype().size_in_bytes() as isize;
+    let rank = t.rank();
+    let nd = view.fields.nd as usize;
+    if nd != rank {
+        return None;
+    }
+    // SAFETY: `dimensions` and `strides` hold `nd` entries each (and may be null when it is 0).
+    let (dims, strides): (&[npy_intp], &[npy_intp]) = if nd == 0 {
+        (&[], &[])
+    } else {
+        unsafe {
+            (
+                std::slice::from_raw_parts(view.fields.dimensions, nd),
+                std::slice::from_raw_parts(view.fields.strides, nd),
+            )
+        }
+    };
+    let same = true
+        && t.dims().iter().zip(dims).all(|(&d, &n)| d as isize == n)
+        && t.stride()
+            .iter()
+            .zip(strides)
+            .all(|(&s, &b)| s as isize * size == b);
+    same.then(|| t.clone())
+}
+
+/// NumPy's own dtype object for `dtype` (the one [`numpy_view`] gives its arrays: NumPy keeps one
+/// per builtin type for the life of the process), by address; `None` for a dtype NumPy has no
+/// builtin type for.
+fn native_descr(py: Python<'_>, dtype: DType) -> Option<*mut npyffi::PyArray_Descr> {
+    use pyo3::sync::PyOnceLock;
+    const DTYPES: [DType; 8] = [
+        DType::U8,
+        DType::U32,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+    ];
+    static DESCRS: PyOnceLock<[usize; 8]> = PyOnceLock::new();
+    let descrs = DESCRS.get_or_init(py, || {
+        DTYPES.map(|d| numpy_dtype(py, d).map_or(0, |descr| descr.as_ptr() as usize))
+    });
+    let i = DTYPES.iter().position(|&d| d == dtype)?;
+    (descrs[i] != 0).then(|| descrs[i] as *mut npyffi::PyArray_Descr)
+}
+
 /// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
 pub(crate) fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
     let (data, root) = data_and_base(array);

@@ -65,6 +65,9 @@ thread_local! {
     /// The alignment of large buffers NumPy allocates on this thread: the op's output dtype's
     /// while a body runs (a `Vec<T>` frees with `align_of::<T>()`).
     static ALIGN: Cell<usize> = const { Cell::new(16) };
+    /// Whether [`enter`] has found pyop's handler in force on this thread (installed it, or found
+    /// it there): later calls ask no more.
+    static INSTALLED: Cell<bool> = const { Cell::new(false) };
 }
 
 fn owned() -> std::sync::MutexGuard<'static, HashMap<usize, Layout>> {
@@ -267,10 +270,16 @@ fn load(py: Python<'_>) -> PyResult<Option<Api>> {
 /// bodies on this thread then gets its large buffers from Rust's global allocator, which is the
 /// C `malloc` NumPy uses unless the program sets a `#[global_allocator]`. A handler the program
 /// installed itself is never replaced (the body's arrays are then copied). Costs one
-/// context-variable lookup per call. Nothing is done before NumPy is loaded: a body that never
-/// imports it (a `dlpack` body using torch) does not load it, nor touch one that cannot load.
+/// context-variable lookup per call until pyop's handler is found in force on the thread.
+/// Nothing is done before NumPy is loaded: a body that never imports it (a `dlpack` body using torch) does not load it, nor touch one that cannot load.
 pub(crate) fn enter(py: Python<'_>, align: usize) -> AlignGuard {
     let guard = AlignGuard(ALIGN.with(|a| a.replace(align)));
+    // Once in force on this thread, the handler is not asked for again: if something swapped it
+    // back since (a body's own context), large results are copied instead of adopted, never
+    // mistaken for pyop's (adoption needs the buffer in pyop's own table).
+    if INSTALLED.with(Cell::get) {
+        return guard;
+    }
     if !matches!(super::numpy::numpy_if_loaded(py), Ok(Some(_))) {
         return guard;
     }
@@ -286,6 +295,7 @@ pub(crate) fn enter(py: Python<'_>, align: usize) -> AlignGuard {
             return guard;
         }
         let is_default = current == api.default.as_ptr();
+        let is_ours = current == api.ours.as_ptr();
         ffi::Py_DECREF(current);
         if is_default {
             let old = (api.set_handler)(api.ours.as_ptr());
@@ -293,7 +303,10 @@ pub(crate) fn enter(py: Python<'_>, align: usize) -> AlignGuard {
                 ffi::PyErr_Clear();
             } else {
                 ffi::Py_DECREF(old);
+                INSTALLED.with(|i| i.set(true));
             }
+        } else if is_ours {
+            INSTALLED.with(|i| i.set(true));
         }
     }
     guard

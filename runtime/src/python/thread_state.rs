@@ -92,9 +92,7 @@ thread_local! {
 /// either way exactly when this thread holds the GIL). Before that, or on a thread whose state
 /// pyop does not know, CPython's own `PyGILState_Check`.
 pub(crate) fn holds_gil() -> bool {
-    let known = KEPT
-        .try_with(|k| k.tstate.get())
-        .unwrap_or(ptr::null_mut());
+    let known = KEPT.try_with(|k| k.tstate.get()).unwrap_or(ptr::null_mut());
     if !known.is_null() {
         // SAFETY: the interpreter was running when `known` was recorded, and is not finalized
         // while pyop's calls run; this only reads the current thread state's address.
