@@ -160,8 +160,7 @@ pub(crate) fn unchanged_view(
             )
         }
     };
-    let same = true
-        && t.dims().iter().zip(dims).all(|(&d, &n)| d as isize == n)
+    let same = t.dims().iter().zip(dims).all(|(&d, &n)| d as isize == n)
         && t.stride()
             .iter()
             .zip(strides)
