@@ -149,10 +149,10 @@ pub(crate) fn unchanged_view(
     if nd != rank {
         return None;
     }
-    // SAFETY: `dimensions` and `strides` hold `nd` entries each (and may be null when it is 0).
     let (dims, strides): (&[npy_intp], &[npy_intp]) = if nd == 0 {
-        (&[], &[])
+        (&[], &[]) // the pointers may be null then
     } else {
+        // SAFETY: `dimensions` and `strides` of a live array hold `nd` entries each.
         unsafe {
             (
                 std::slice::from_raw_parts(view.fields.dimensions, nd),
