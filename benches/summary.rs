@@ -575,17 +575,14 @@ fn scalar_group(n: usize, suffix: &str) -> Vec<(String, Duration)> {
     // A thread pyop has called Python from keeps its thread state, as `main` does.
     tensor_ident(&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap()).unwrap();
     let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
-    let mut floor = floor_attach_call();
+    let floor = floor_attach_call();
     type Case<'a> = (String, Box<dyn FnMut() + 'a>);
     let chain = |op: fn(&Tensor) -> pyop::Result<Tensor>| {
         let mut a = x.clone();
         move || a = op(&a).unwrap()
     };
     let mut cases: Vec<Case<'_>> = vec![
-        (
-            format!("floor_attach_call_1{suffix}"),
-            Box::new(move || floor()),
-        ),
+        (format!("floor_attach_call_1{suffix}"), Box::new(floor)),
         (
             format!("tensor_ident_1{suffix}"),
             Box::new(chain(tensor_ident)),
