@@ -70,7 +70,8 @@ if "threads1_call" in pyop and "threads2_call" in pyop:
     print(f"- 2-thread speed-up: {pyop['threads1_call'] / pyop['threads2_call']:.2f}×")
 
 # The scalar call from the threads programs call from, against the floor of any embedding (bare
-# pyo3: take the GIL, vectorcall a Python identity function, release it) in the same run.
+# pyo3: take the GIL, vectorcall a Python identity function, release it) measured in turns with
+# it on the same thread.
 floor = pyop.get("floor_attach_call_1")
 if floor:
     print()
@@ -90,24 +91,40 @@ if floor:
         cells = [fmt(f) if f else "—"]
         for mode in ("tensor", "numpy"):
             t = pyop.get(f"{mode}_ident_1{suffix}")
-            if t is None:
+            if t is None or not f:
                 cells += ["—", "—"]
                 continue
-            worst[mode] = max(worst[mode], t / floor)
-            cells += [fmt(t), f"{t / floor:.1f}×"]
+            worst[mode] = max(worst[mode], t / f)
+            cells += [fmt(t), f"{t / f:.1f}×"]
         print(f"| {label} | " + " | ".join(cells) + " |")
     print()
     ok = lambda c: "met" if c else "**missed**"
     print(
         f"- tensor mode ≤ 2.0× the floor from every thread: worst {worst['tensor']:.1f}× "
-        f"({ok(worst['tensor'] <= 2.0)}); numpy mode ≤ 2.5×: worst {worst['numpy']:.1f}× "
-        f"({ok(worst['numpy'] <= 2.5)})"
+        f"({ok(worst['tensor'] <= 2.0)}); numpy mode ≤ 3.0×: worst {worst['numpy']:.1f}× "
+        f"({ok(worst['numpy'] <= 3.0)})"
     )
     spawned, main = pyop.get("tensor_ident_1_spawned"), pyop.get("tensor_ident_1")
     if spawned and main:
         print(
             f"- a spawned thread's call costs {spawned / main:.2f}× the main thread's (tensor mode)"
         )
+contended = None
+for line in open(sys.argv[1]):
+    m = re.match(
+        r"case=contended_ident_8threads median_us=([\d.]+) p99_us=([\d.]+) "
+        r"p999_us=([\d.]+) calls_per_s=(\d+)",
+        line,
+    )
+    if m:
+        contended = [float(v) for v in m.groups()]
+if contended:
+    p50, p99, p999, rate = contended
+    print(
+        f"- 8 threads at once (`contended_ident_8threads`): median {fmt(p50)}, p99 {fmt(p99)} "
+        f"({p99 / p50:,.0f}× the median; target ≤ 10×: {'met' if p99 <= 10 * p50 else '**missed**'}), "
+        f"p999 {fmt(p999)}, {rate:,.0f} calls/s"
+    )
 
 # Outputs at memory speed: the `out` path, a returned array (adopted without a copy), the copy
 # path proper (the body kept a reference) and its slower forms, against the plain NumPy body, a
