@@ -11,7 +11,7 @@ use crate::bridge::dlpack::import::ImportError;
 use crate::bridge::tensor::PyTensor;
 use crate::spec::with_numpy_element;
 
-use super::view::{candle_dtype, own_view};
+use super::view::{candle_dtype, unchanged_view};
 
 /// `a float`, `a dict`, `a numpy.ndarray of dtype float64`: for error messages.
 pub(crate) fn describe_value(v: &Bound<'_, PyAny>) -> String {
@@ -191,8 +191,10 @@ fn from_numpy(
     let Some(np) = crate::python::numpy::numpy_if_loaded(py).map_err(describe)? else {
         return Ok(None);
     };
-    // The usual numpy-mode result, an input's view handed back, first and cheapest.
-    if let Some(t) = crate::bridge::view::unchanged_view(py, value, dtype) {
+    // A tensor's own view (an input's, or one a Rust function returned), handed back unchanged:
+    // that tensor, its storage shared as Tensor::clone shares it. The usual numpy-mode result,
+    // so asked first; anything else is adopted or copied below.
+    if let Some(t) = unchanged_view(py, value, dtype) {
         return Ok(Some(t));
     }
     if let Some(t) = adopted(py, value, dtype) {
@@ -337,11 +339,6 @@ pub(crate) fn array_to_tensor(
         }
     };
     let dims = array.shape().to_vec();
-    // A tensor's own view (an input's, or one a Rust function returned), handed back unchanged:
-    // share that tensor's storage, as Tensor::clone does.
-    if let Some(t) = own_view(array) {
-        return Ok(t);
-    }
     // Copy, so that Python mutating the array later cannot change the tensor. A non-C-contiguous
     // (Fortran-ordered, strided, reversed) array is copied by NumPy in one strided pass.
     // The copy's size, checked before anything allocates it (a broadcast array is small).

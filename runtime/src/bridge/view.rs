@@ -80,27 +80,12 @@ pub(crate) fn numpy_array<'py>(
     Ok((arr, base))
 }
 
-/// Whether Python may write through `array`.
-pub(crate) fn writeable(array: &Bound<'_, PyUntypedArray>) -> bool {
-    // SAFETY: reading the flags of a live array object.
-    unsafe { (*array.as_array_ptr()).fields.flags & npyffi::NPY_ARRAY_WRITEABLE != 0 }
-}
-
-/// The data pointer and base object of a live array.
-fn data_and_base(array: &Bound<'_, PyUntypedArray>) -> (usize, *mut pyo3::ffi::PyObject) {
-    // SAFETY: reading the fields of a live array object.
-    unsafe {
-        let a = &*array.as_array_ptr();
-        (a.fields.data as usize, a.fields.base)
-    }
-}
-
-/// [`own_view`]'s answer for the usual returned value, an input's view handed back as it is, in
-/// pointer compares and no Python call: `value` is an exact ndarray of the native dtype object of
-/// the tensor's dtype, whose base is the hidden root (an exact ndarray over the same data), whose
-/// base is a `pyop.Tensor` that made it; neither array writable; the tensor's shape and strides.
-/// `None` sends the value down the general path, which gives the same answer for everything this
-/// accepts (and the errors).
+/// The tensor whose NumPy view `value` is, if it is one, unchanged, in pointer compares and no
+/// Python call: `value` is an exact ndarray of NumPy's own dtype object for the tensor's dtype,
+/// whose base is the hidden root (an exact ndarray over the same data), whose base is the
+/// `pyop.Tensor` that made it; neither array writable (an `out` buffer a body kept is Python's to
+/// write); the tensor's shape and strides. Anything else (a view of an ndarray subclass too) is
+/// `None`: read as a new array, adopted or copied.
 pub(crate) fn unchanged_view(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
@@ -189,42 +174,6 @@ fn native_descr(py: Python<'_>, dtype: DType) -> Option<*mut npyffi::PyArray_Des
     });
     let i = DTYPES.iter().position(|&d| d == dtype)?;
     (descrs[i] != 0).then(|| descrs[i] as *mut npyffi::PyArray_Descr)
-}
-
-/// The tensor whose NumPy view `array` is, if it is one, unchanged (same data, shape, strides).
-pub(crate) fn own_view(array: &Bound<'_, PyUntypedArray>) -> Option<Tensor> {
-    let (data, root) = data_and_base(array);
-    if root.is_null() {
-        return None;
-    }
-    // SAFETY: `root` is the non-null base object of the live `array`, which holds a reference
-    // to it for as long as `array` lives; `from_borrowed_ptr` takes a new reference.
-    let root = unsafe { Bound::from_borrowed_ptr(array.py(), root) };
-    // The view's base is the hidden root array (see `numpy_array`), whose base is the tensor.
-    let root = root.cast::<PyUntypedArray>().ok()?;
-    let (root_data, base) = data_and_base(root);
-    if root_data != data || base.is_null() || writeable(root) {
-        return None;
-    }
-    // SAFETY: as above, the live root's base object.
-    let base = unsafe { Bound::from_borrowed_ptr(array.py(), base) };
-    let owner = base.cast::<PyTensor>().ok()?.get();
-    let t = owner.tensor();
-    // Only read-only views of inputs: an `out` buffer a body kept is Python's to write.
-    if owner.writable() || writeable(array) {
-        return None;
-    }
-    if candle_dtype(&array.dtype()) != Some(t.dtype()) {
-        return None;
-    }
-    let size = t.dtype().size_in_bytes() as isize;
-    let same = owner.view_data() == Some(data)
-        && t.dims() == array.shape()
-        && t.stride()
-            .iter()
-            .zip(array.strides())
-            .all(|(&s, &b)| s as isize * size == b);
-    same.then(|| t.clone())
 }
 
 /// The candle dtype of a NumPy dtype, if candle has one (bool → u8).
