@@ -97,7 +97,8 @@ impl<'a> Function<'a> {
         if let Some(a) = &sig.asyncness {
             cx.error_spanned_by(
                 a,
-                "a #[py_op] function cannot be `async`: op calls are synchronous",
+                "a #[py_op] function cannot be `async`: declare it without, and `#[py_op]` writes \
+                 its `_async` sibling, a future",
             );
         }
         if let Some(c) = &sig.constness {

@@ -50,11 +50,23 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
     };
     let handle = handle_ident(ident);
     let cfgs = cfgs(item);
+    let async_ident = format_ident!("{}_async", ident, span = ident.span());
+    let inputs = &sig.inputs;
+    let output = match &sig.output {
+        syn::ReturnType::Default => quote!(()),
+        syn::ReturnType::Type(_, ty) => quote!(#ty),
+    };
     quote! {
         #(#attrs)*
         #[allow(unused_variables, clippy::diverging_sub_expression)]
         #vis #sig {
             ::core::unreachable!("#[py_op] declaration has errors")
+        }
+        #(#cfgs)*
+        #[allow(unused_variables, dead_code, unreachable_pub)]
+        #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
+            + ::core::marker::Send + 'static + use<> {
+            async { ::core::unreachable!("#[py_op] declaration has errors") }
         }
         #(#cfgs)*
         #[doc(hidden)]
@@ -139,6 +151,14 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let output = &f.output;
+    let async_ident = format_ident!("{}_async", ident, span = ident.span());
+    let async_doc = format!(
+        "[`{name}`] as a future: awaiting it blocks no thread of the caller's runtime, and \
+         dropping it cancels the call (see `PyOp::call_async`)."
+    );
+    let inputs = &sig.inputs;
+    let async_args = args.clone();
     let line_span = ident.span();
     let line = quote_spanned!(line_span=> ::core::line!());
     let handle = handle_ident(ident);
@@ -174,6 +194,16 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             }
             let __pyop_outputs = __PYOP_OP.__call(&[#(#args),*], #device)?;
             ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_outputs))
+        }
+        #(#cfgs)*
+        #[doc = #async_doc]
+        #[allow(dead_code, unreachable_pub)]
+        #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
+            + ::core::marker::Send + 'static + use<> {
+            let __pyop_call = #handle().__call_async(&[#(#async_args),*], #device);
+            async move {
+                ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_call.await?))
+            }
         }
         // The op's handle, which `pyop::op!(name)` calls: a sibling of the function (an
         // associated function beside it in an `impl`), finding the registry entry the function

@@ -7,6 +7,7 @@
 // use each other (`tests/layers.rs` checks both):
 //   L0  model: error, spec, arg, stats, alloc     plain Rust, no pyo3 in the types
 //   L1  python/                                   the interpreter: env, errors, exceptions, NumPy, watchdog
+//       threads, worker/                          pyop's threads for awaited calls; worker processes
 //   L2  bridge/                                   candle ↔ Python: the one GIL door, conversions, pyop.Tensor
 //   L3  body/                                     where a body comes from: sources, packages, hot reload
 //   L4  op/                                       the executor: PyOp, builder, the call core, autograd
@@ -18,6 +19,7 @@ mod spec;
 mod stats;
 
 mod python;
+mod threads;
 mod worker;
 
 mod bridge;

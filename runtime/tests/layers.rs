@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("stats", 0),
     ("alloc", 0),
     ("python", 1),
+    ("threads", 1),
     ("worker", 1),
     ("bridge", 2),
     ("body", 3),

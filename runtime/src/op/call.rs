@@ -12,7 +12,7 @@ use crate::arg::Arg;
 use crate::bridge::args::{call, python_args, Lists};
 use crate::bridge::out::out_buffers;
 use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Outputs, Role};
-use crate::bridge::prepare::{Passing, Prepared};
+use crate::bridge::prepare::{Passing, Prepared, PreparedInputs};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
@@ -61,7 +61,62 @@ impl PyOp {
     /// The call itself; `call_outputs` counts the GIL acquisitions it makes.
     fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Outputs> {
         let op = &*self.inner;
-        let device = op.failed_before_python(output_device(op, args, options.device))?;
+        let before = op.before(args, options.device, options.timeout)?;
+        let span = before.span.clone();
+        let _entered = span.enter();
+        let outputs = match &op.workers {
+            Some(workers) => op.run_in_worker(
+                workers,
+                args,
+                &before.prepared,
+                &before.device,
+                before.timeout,
+                &before.span,
+            )?,
+            None => op.run_python(&before.device, |py| {
+                op.run_body(py, args, &before.prepared, &before.device, before.timeout)
+            })?,
+        };
+        self.after(args, before, outputs)
+    }
+
+    /// A forward call's end: the outputs put into the graph behind the op's own node, when it
+    /// has one and an input is tracked.
+    pub(crate) fn after(&self, args: &[Arg<'_>], before: Before, outputs: Outputs) -> Result<Outputs> {
+        if before.needs_node {
+            autograd::attach(&self.inner, args, before.prepared, outputs.into_vec())
+                .map(Outputs::from_vec)
+                .map_err(|e| e.in_op(&self.inner.name))
+        } else {
+            Ok(outputs)
+        }
+    }
+}
+
+/// What a forward call settles before its body runs.
+pub(crate) struct Before {
+    /// The outputs' device.
+    pub device: Device,
+    /// Whether the outputs go behind a node of the op's own (its gradient is not the body's
+    /// candle ops, and an input is tracked); then `prepared` is detached.
+    pub needs_node: bool,
+    pub prepared: PreparedInputs,
+    pub timeout: Option<Duration>,
+    /// The call's trace span (`pyop.call`).
+    pub span: tracing::Span,
+}
+
+impl OpInner {
+    /// The part of a forward call before its body: the device, the inputs prepared (without the
+    /// GIL), the time limit.
+    pub(crate) fn before(
+        &self,
+        args: &[Arg<'_>],
+        device: Option<&Device>,
+        timeout: Option<Duration>,
+    ) -> Result<Before> {
+        let op = self;
+        let device = op.failed_before_python(output_device(op, args, device))?;
         let span = tracing::trace_span!(
             "pyop.call",
             op = %op.name,
@@ -70,33 +125,26 @@ impl PyOp {
             worker = tracing::field::Empty,
             node = tracing::field::Empty
         );
-        let _entered = span.enter();
-
         // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
         let needs_node =
             (op.mode == Mode::Numpy || op.gradient.is_some()) && autograd::any_tracked(args);
-        let prepared = op.failed_before_python(crate::python::without_gil(|| {
-            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args)
-        }))?;
+        let prepared = span.in_scope(|| {
+            op.failed_before_python(crate::python::without_gil(|| {
+                crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args)
+            }))
+        })?;
         let prepared = if needs_node {
             autograd::detach_prepared(prepared)
         } else {
             prepared
         };
-        let timeout = options.timeout.or(op.timeout);
-        let outputs = match &op.workers {
-            Some(workers) => op.run_in_worker(workers, args, &prepared, &device, timeout, &span)?,
-            None => op.run_python(&device, |py| {
-                op.run_body(py, args, &prepared, &device, timeout)
-            })?,
-        };
-        if needs_node {
-            autograd::attach(&self.inner, args, prepared, outputs.into_vec())
-                .map(Outputs::from_vec)
-                .map_err(|e| e.in_op(&op.name))
-        } else {
-            Ok(outputs)
-        }
+        Ok(Before {
+            device,
+            needs_node,
+            prepared,
+            timeout: timeout.or(op.timeout),
+            span,
+        })
     }
 }
 

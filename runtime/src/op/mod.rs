@@ -3,6 +3,7 @@
 //! (`call`) and by the autograd node's backward Python call (`autograd`).
 
 pub(crate) mod autograd;
+pub(crate) mod awaited;
 pub(crate) mod builder;
 pub(crate) mod call;
 pub(crate) mod gradient;
@@ -38,9 +39,9 @@ pub(crate) struct OpInner {
     pub gradient: Option<Gradient>,
     pub timeout: Option<Duration>,
     /// Whether the body takes an `out` keyword (numpy mode): see `bridge::out::OutBuffers`.
-    accepts_out: bool,
+    pub(crate) accepts_out: bool,
     /// Set when hot reload watches the body's files.
-    reload: Option<crate::body::reload::Reload>,
+    pub(crate) reload: Option<crate::body::reload::Reload>,
     function: String,
     gradient_name: Option<String>,
     /// The pool the body runs in, when it runs in worker processes.

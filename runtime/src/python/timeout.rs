@@ -242,7 +242,12 @@ impl Deadline {
     /// read or written, the common call pays nothing); an enclosing call's earlier deadline
     /// stays in force.
     pub(crate) fn enter(limit: Option<Duration>) -> Self {
-        let Some(at) = limit.and_then(|l| Instant::now().checked_add(l)) else {
+        Deadline::until(limit.and_then(|l| Instant::now().checked_add(l)))
+    }
+
+    /// The deadline `at` (none: no limit) on this thread, as [`enter`](Self::enter) sets one.
+    pub(crate) fn until(at: Option<Instant>) -> Self {
+        let Some(at) = at else {
             return Deadline(None);
         };
         let outer = DEADLINE.get();
@@ -264,8 +269,84 @@ pub(crate) fn overdue() -> bool {
     DEADLINE.get().is_some_and(|d| Instant::now() >= d)
 }
 
-/// Runs `body` (which calls into Python) under an optional time limit. A panic in Rust code the
-/// body reached (a tensor method, a nested op) is caught here and becomes an error of kind
+/// A call another thread may cancel: an awaited call's, whose future was dropped
+/// (`op::awaited`). Its body, while it runs, is interrupted as a time limit interrupts it (by the
+/// watchdog, under the GIL); a body not yet started does not start.
+#[derive(Clone, Default)]
+pub(crate) struct Interrupt(Arc<Mutex<Interruptible>>);
+
+#[derive(Default)]
+struct Interruptible {
+    cancelled: bool,
+    /// The body running now: its thread and its watch's state.
+    running: Option<(std::ffi::c_ulong, Arc<AtomicU8>)>,
+}
+
+thread_local! {
+    /// The interrupt of the call this thread runs for an awaited call: taken by the first body
+    /// run under it (a nested op's call inside that body is not the awaited call).
+    static INTERRUPT: std::cell::RefCell<Option<Interrupt>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Interrupt {
+    /// Runs `f` with this as the thread's interrupt: the body `f` runs (`run_limited`) can be
+    /// cancelled.
+    pub(crate) fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                let _ = INTERRUPT.try_with(|i| i.borrow_mut().take());
+            }
+        }
+        INTERRUPT.with(|i| *i.borrow_mut() = Some(self.clone()));
+        let _reset = Reset;
+        f()
+    }
+
+    /// Cancels the call: a body running now is interrupted, one not started never starts.
+    pub(crate) fn cancel(&self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.cancelled = true;
+        if let Some((thread, state)) = &s.running {
+            let _ = watchdog().send(Watch {
+                deadline: Instant::now(),
+                thread: *thread,
+                state: Arc::clone(state),
+            });
+        }
+    }
+
+    /// Whether the call was cancelled.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).cancelled
+    }
+
+    /// A body starts on `thread` with its watch's `state`; false if the call was cancelled.
+    fn begin(&self, thread: std::ffi::c_ulong, state: &Arc<AtomicU8>) -> bool {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.running = Some((thread, Arc::clone(state)));
+        !s.cancelled
+    }
+
+    /// The body has ended (its watch disarmed).
+    fn end(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).running = None;
+    }
+}
+
+/// The error of a call cancelled before or while its body ran (seen by no one: the future that
+/// would have had it was dropped).
+fn cancelled(op: &str) -> Error {
+    Error::op_failure(
+        op,
+        ErrorKind::Cancelled,
+        "the call was cancelled (its future was dropped)",
+    )
+}
+
+/// Runs `body` (which calls into Python) under an optional time limit, and interruptible when
+/// the thread runs an awaited call (`Interrupt::scope`). A panic in Rust code the body reached
+/// (a tensor method, a nested op) is caught here and becomes an error of kind
 /// [`ErrorKind::Panic`]: pyo3 resumes such a panic when the body's exception is fetched.
 pub(crate) fn run_limited<'py>(
     py: Python<'py>,
@@ -275,26 +356,49 @@ pub(crate) fn run_limited<'py>(
 ) -> Result<Bound<'py, PyAny>> {
     // `Duration::MAX` and other limits past the end of time: no limit.
     let deadline = limit.and_then(|l| Instant::now().checked_add(l));
-    let (Some(limit), Some(deadline)) = (limit, deadline) else {
+    let interrupt = INTERRUPT
+        .try_with(|i| i.borrow_mut().take())
+        .ok()
+        .flatten();
+    if deadline.is_none() && interrupt.is_none() {
         return caught(op, body).and_then(|r| r.map_err(|e| python_error(py, op, e)));
-    };
+    }
     let state = Arc::new(AtomicU8::new(RUNNING));
     // SAFETY: only reads the calling thread's identifier.
     let thread = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
-    switch_interval(py, true);
+    if let Some(i) = &interrupt {
+        if !i.begin(thread, &state) {
+            i.end();
+            return Err(cancelled(op));
+        }
+    }
+    if deadline.is_some() {
+        switch_interval(py, true);
+    }
     let armed = Armed::new(state.clone(), thread);
-    let _ = watchdog().send(Watch {
-        deadline,
-        thread,
-        state,
-    });
+    if let Some(deadline) = deadline {
+        let _ = watchdog().send(Watch {
+            deadline,
+            thread,
+            state,
+        });
+    }
     let result = caught(op, body);
     // Still under the GIL: the watchdog either fired before this line or never will.
     let fired = armed.disarm();
-    switch_interval(py, false);
+    if let Some(i) = &interrupt {
+        i.end();
+    }
+    if deadline.is_some() {
+        switch_interval(py, false);
+    }
     let result = result?;
     match result {
         Err(e) if fired && e.is_instance_of::<OpTimeout>(py) => {
+            if interrupt.as_ref().is_some_and(Interrupt::cancelled) {
+                return Err(cancelled(op));
+            }
+            let limit = limit.unwrap_or_default();
             // Keep the traceback: it says where the body was when it was interrupted.
             Err(python_error(py, op, e).with_kind(ErrorKind::Timeout, |_| {
                 format!("the body ran past its time limit of {limit:?} and was interrupted")

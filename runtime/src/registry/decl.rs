@@ -327,6 +327,38 @@ impl StaticOp {
         self.get()?.call_outputs(args, &options)
     }
 
+    /// Calls the op as a future ([`PyOp::call_async`]); an op not built yet is built on pyop's
+    /// threads first (it takes the GIL). What the `_async` function `#[py_op]` writes calls; not
+    /// a public API.
+    #[doc(hidden)]
+    pub fn __call_async(
+        &'static self,
+        args: &[Arg<'_>],
+        device: Option<&Device>,
+    ) -> impl std::future::Future<Output = Result<Outputs>> + Send + 'static + use<> {
+        let options = CallOptions {
+            device,
+            timeout: None,
+        };
+        let built = self.op.get().map(|op| op.call_async_outputs(args, &options));
+        let later = built
+            .is_none()
+            .then(|| (crate::op::awaited::OwnedArgs::new(args), device.cloned()));
+        async move {
+            if let Some(call) = built {
+                return call.await;
+            }
+            let (args, device) = later.expect("kept when the op was not built");
+            let op = crate::op::awaited::gil(move || self.get().cloned()).await?;
+            let options = CallOptions {
+                device: device.as_ref(),
+                timeout: None,
+            };
+            let call = op.call_async_outputs(&args.args(), &options);
+            call.await
+        }
+    }
+
     /// The declaration.
     pub fn decl(&self) -> &'static OpDecl {
         self.decl

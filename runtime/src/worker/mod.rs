@@ -10,6 +10,8 @@
 
 #[cfg(target_os = "linux")]
 pub(crate) mod arena;
+#[cfg(target_os = "linux")]
+pub(crate) mod awaiting;
 pub(crate) mod exchange;
 #[cfg(target_os = "linux")]
 pub(crate) mod pace;
@@ -69,10 +71,13 @@ pub(crate) struct PoolInner {
     size: usize,
     state: Mutex<PoolState>,
     freed: Condvar,
+    /// Wakes awaited calls waiting for a worker, as `freed` wakes threads.
+    freed_async: event_listener::Event,
     started: AtomicU64,
     start_ns: AtomicU64,
     lost: AtomicU64,
     timed_out: AtomicU64,
+    cancelled: AtomicU64,
     calls: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
@@ -132,6 +137,9 @@ pub struct PoolStats {
     pub lost: u64,
     /// Workers killed because a call ran past its time limit.
     pub timed_out: u64,
+    /// Workers killed because an awaited call was cancelled (its future dropped) while the
+    /// worker ran it.
+    pub cancelled: u64,
     /// Calls (bodies, gradients and checks) run in the pool's workers.
     pub calls: u64,
     /// Bytes the program copied into its workers' shared memory for their calls (inputs; `out`
@@ -193,10 +201,12 @@ impl WorkerPool {
                     next_id: 1,
                 }),
                 freed: Condvar::new(),
+                freed_async: event_listener::Event::new(),
                 started: AtomicU64::new(0),
                 start_ns: AtomicU64::new(0),
                 lost: AtomicU64::new(0),
                 timed_out: AtomicU64::new(0),
+                cancelled: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
                 bytes_in: AtomicU64::new(0),
                 bytes_out: AtomicU64::new(0),
@@ -251,6 +261,7 @@ impl WorkerPool {
             start_time: Duration::from_nanos(p.start_ns.load(Relaxed)),
             lost: p.lost.load(Relaxed),
             timed_out: p.timed_out.load(Relaxed),
+            cancelled: p.cancelled.load(Relaxed),
             calls: p.calls.load(Relaxed),
             bytes_in: p.bytes_in.load(Relaxed),
             bytes_out: p.bytes_out.load(Relaxed),
@@ -275,7 +286,7 @@ impl WorkerPool {
         for w in idle {
             self.inner.retire(w);
         }
-        self.inner.freed.notify_all();
+        self.inner.notify_freed(usize::MAX);
     }
 }
 
@@ -293,6 +304,72 @@ impl PoolInner {
 pub(crate) struct Lease {
     pool: Arc<PoolInner>,
     worker: Option<Worker>,
+    /// Set while an awaited call's exchange is under way: a lease dropped then was cancelled
+    /// mid-call, and its worker, out of step, is killed.
+    in_call: bool,
+}
+
+/// What a call gets from its pool at once: an idle worker, or the id reserved for one it
+/// starts.
+enum Taken {
+    Idle(Worker),
+    Start(u64),
+}
+
+impl PoolInner {
+    /// An idle worker, or a place to start one if fewer than `size` run; `None` when every
+    /// worker is busy.
+    fn take(&self) -> Option<Taken> {
+        let mut dead = Vec::new();
+        let taken = {
+            let mut st = self.lock();
+            loop {
+                match st.idle.pop() {
+                    Some(mut w) => {
+                        if !w.exited() {
+                            break Some(Taken::Idle(w));
+                        }
+                        // Died while idle (the OOM killer, a kill from outside): not this call's
+                        // to fail. It is reaped, and another one is taken or started. The kernel
+                        // reports the death once all its threads have exited; a call that takes
+                        // it in the milliseconds before fails as a death during the call.
+                        st.live -= 1;
+                        self.lost.fetch_add(1, Relaxed);
+                        dead.push(w);
+                    }
+                    None if st.live < self.size => break Some(Taken::Start(st.reserve())),
+                    None => break None,
+                }
+            }
+        };
+        for w in dead {
+            self.retire(w);
+        }
+        taken
+    }
+
+    /// Whether every worker is busy (a call must wait for one).
+    fn all_busy(&self, st: &PoolState) -> bool {
+        st.idle.is_empty() && st.live >= self.size
+    }
+
+    /// A worker was freed (or its place): wakes `n` waiting threads and as many waiting tasks.
+    fn notify_freed(&self, n: usize) {
+        if n == 1 {
+            self.freed.notify_one();
+        } else {
+            self.freed.notify_all();
+        }
+        self.freed_async.notify(n);
+    }
+
+    fn lease(self: &Arc<Self>, w: Worker) -> Lease {
+        Lease {
+            pool: Arc::clone(self),
+            worker: Some(w),
+            in_call: false,
+        }
+    }
 }
 
 impl WorkerPool {
@@ -300,37 +377,66 @@ impl WorkerPool {
     /// without the GIL (the caller releases it).
     pub(crate) fn checkout(&self, launch: &Launch) -> Result<Lease, StartError> {
         let p = &self.inner;
-        let id = {
-            let mut st = p.lock();
-            loop {
-                if let Some(mut w) = st.idle.pop() {
-                    if w.exited() {
-                        // Died while idle (the OOM killer, a kill from outside): not this call's
-                        // to fail. It is reaped, and another one is taken or started. The kernel
-                        // reports the death once all its threads have exited; a call that takes
-                        // it in the milliseconds before fails as a death during the call.
-                        st.live -= 1;
-                        p.lost.fetch_add(1, Relaxed);
-                        drop(st);
-                        p.retire(w);
-                        st = p.lock();
-                        continue;
-                    }
-                    return Ok(Lease {
-                        pool: Arc::clone(p),
-                        worker: Some(w),
-                    });
-                }
-                if st.live < p.size {
-                    break st.reserve();
-                }
-                st = p.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+        loop {
+            match p.take() {
+                Some(Taken::Idle(w)) => return Ok(p.lease(w)),
+                Some(Taken::Start(id)) => return Ok(p.lease(p.start(id, launch)?)),
+                None => {}
             }
-        };
-        Ok(Lease {
-            pool: Arc::clone(p),
-            worker: Some(p.start(id, launch)?),
-        })
+            let st = p.lock();
+            drop(
+                p.freed
+                    .wait_while(st, |st| p.all_busy(st))
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+        }
+    }
+
+    /// [`checkout`](Self::checkout) for an awaited call: waiting for a worker as a task, and a
+    /// worker started on a thread of its own (it takes tens of milliseconds), put in the pool
+    /// if the call that started it was dropped meanwhile.
+    #[cfg(target_os = "linux")]
+    pub(crate) async fn checkout_async(
+        &self,
+        launch: &'static Launch,
+    ) -> Result<Lease, StartError> {
+        let p = &self.inner;
+        loop {
+            match p.take() {
+                Some(Taken::Idle(w)) => return Ok(p.lease(w)),
+                Some(Taken::Start(id)) => {
+                    let pool = Arc::clone(p);
+                    let orphans = Arc::clone(p);
+                    let started = crate::threads::on_own_thread(
+                        "pyop-worker-start",
+                        move || pool.start(id, launch),
+                        // Started for a call that was dropped meanwhile: the next call's.
+                        move |w: Result<Worker, StartError>| {
+                            if let Ok(w) = w {
+                                orphans.lock().idle.push(w);
+                                orphans.notify_freed(1);
+                            }
+                        },
+                    );
+                    match started.await {
+                        Ok(Ok(w)) => return Ok(p.lease(w)),
+                        Ok(Err(e)) => return Err(e),
+                        Err(panic) => {
+                            return Err(StartError::Failed(format!(
+                                "starting a worker panicked: {}",
+                                crate::error::panic_message(&*panic)
+                            )))
+                        }
+                    }
+                }
+                None => {}
+            }
+            let freed = p.freed_async.listen();
+            if !p.all_busy(&p.lock()) {
+                continue;
+            }
+            freed.await;
+        }
     }
 }
 
@@ -368,7 +474,7 @@ impl PoolInner {
             }
             Err(e) => {
                 self.lock().live -= 1;
-                self.freed.notify_one();
+                self.notify_freed(1);
                 Err(e)
             }
         }
@@ -429,7 +535,7 @@ impl WorkerPool {
             }
         }
         drop(st);
-        p.freed.notify_all();
+        p.notify_freed(usize::MAX);
         first_error.map_or(Ok(()), Err)
     }
 }
@@ -460,6 +566,11 @@ impl Lease {
         w
     }
 
+    /// The leased worker as it is (for its name).
+    pub(crate) fn peek(&self) -> &Worker {
+        self.worker.as_ref().expect("a leased worker")
+    }
+
     /// Counts one call run in this worker.
     pub(crate) fn count_call(&self) {
         self.pool.calls.fetch_add(1, Relaxed);
@@ -483,14 +594,33 @@ impl Lease {
             self.pool.retire(w);
         }
         self.pool.lock().live -= 1;
-        self.pool.freed.notify_one();
+        self.pool.notify_freed(1);
+    }
+
+    /// Runs one call in the leased worker as a future ([`Worker::call_async`]); dropped before
+    /// it is ready, the lease kills the worker (counted `cancelled`).
+    #[cfg(target_os = "linux")]
+    pub(crate) async fn call_async(
+        &mut self,
+        ex: exchange::Exchange<'_>,
+    ) -> Result<exchange::Answered, exchange::Failure> {
+        self.in_call = true;
+        let answered = self.worker().call_async(ex).await;
+        self.in_call = false;
+        answered
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         let Some(w) = self.worker.take() else { return };
-        if std::thread::panicking() {
+        if self.in_call {
+            // An awaited call dropped while its worker ran it: the worker is out of step (a
+            // request without its reply read), and is killed as on a time limit.
+            self.pool.cancelled.fetch_add(1, Relaxed);
+            self.pool.retire(w);
+            self.pool.lock().live -= 1;
+        } else if std::thread::panicking() {
             // Dropped while unwinding: the call may have stopped anywhere between its request and
             // its reply, so the worker may be out of step. It is ended, not reused.
             self.pool.lost.fetch_add(1, Relaxed);
@@ -499,6 +629,6 @@ impl Drop for Lease {
         } else {
             self.pool.lock().idle.push(w);
         }
-        self.pool.freed.notify_one();
+        self.pool.notify_freed(1);
     }
 }

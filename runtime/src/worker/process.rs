@@ -16,7 +16,7 @@ use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
 use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
 use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
-use super::wire::{self, RecvError};
+use super::wire::{self, RecvError, Wait};
 
 /// The worker's main loop, sent to it at start: what any process running bodies needs
 /// (`host.py`, which a Ray actor runs too), what a Ray pool's relay does (`ray/relay.py`), then
@@ -140,6 +140,8 @@ pub(crate) struct Worker {
     pace: Pace,
     /// For a Ray pool's relay: where its actor runs (`ray::start`).
     pub actor: Option<RayActor>,
+    /// Its socket and pidfd registered with the reactor, once an awaited call used it.
+    reactor: Option<super::awaiting::Reactor>,
 }
 
 /// Why an exchange ended without a reply.
@@ -267,6 +269,7 @@ impl Worker {
             pace: Pace::default(),
             dropped_seen: 0,
             actor: None,
+            reactor: None,
         }
     }
 
@@ -356,8 +359,34 @@ impl Worker {
     /// Runs one call. On a time limit the worker is killed; on either failure it is gone,
     /// reaped, and the caller drops it.
     pub(crate) fn call(&mut self, ex: Exchange<'_>) -> Result<Answered, Failure> {
-        let result = self.exchange(ex);
+        let result = wire::block_now(self.exchange(ex, &mut wire::Blocking));
         self.failure(result)
+    }
+
+    /// [`call`](Self::call), waiting for the reply as a future: the socket and the pidfd are
+    /// registered with `reactor`'s, and no thread waits. Dropped before it is ready, the call
+    /// leaves the worker out of step: the caller kills it (`Lease::drop`).
+    pub(crate) async fn call_async(&mut self, ex: Exchange<'_>) -> Result<Answered, Failure> {
+        let result = match self.reactor() {
+            Ok(mut reactor) => self.exchange(ex, &mut reactor).await,
+            Err(e) => Err(io(e)),
+        };
+        self.failure(result)
+    }
+
+    /// The reactor registration of this worker's socket and pidfd, made on its first awaited
+    /// call.
+    fn reactor(&mut self) -> std::io::Result<super::awaiting::Reactor> {
+        if self.reactor.is_none() {
+            let sock = self.sock.as_fd().try_clone_to_owned()?;
+            let pidfd = self
+                .pidfd
+                .as_ref()
+                .map(|fd| fd.as_fd().try_clone_to_owned())
+                .transpose()?;
+            self.reactor = Some(super::awaiting::Reactor::register(sock, pidfd)?);
+        }
+        Ok(self.reactor.clone().expect("made above"))
     }
 
     /// The failure an exchange ended in, the worker killed and reaped.
@@ -434,16 +463,27 @@ impl Worker {
 
     /// Receives the reply to the last request, checking that it is that request's.
     fn reply(&mut self, deadline: Option<Instant>) -> Result<(Reply, Vec<u8>), Broken> {
-        self.reply_within(deadline, &mut Spin::now_for(pace::FIRST_SPIN))
+        wire::block_now(self.reply_with(deadline, &mut wire::Blocking))
+    }
+
+    /// `reply`, waiting as `wait` does.
+    async fn reply_with<W: Wait>(
+        &mut self,
+        deadline: Option<Instant>,
+        wait: &mut W,
+    ) -> Result<(Reply, Vec<u8>), Broken> {
+        self.reply_within(deadline, &mut Spin::now_for(pace::FIRST_SPIN), wait)
+            .await
     }
 
     /// `reply`, checking for it without sleeping during `spin`.
-    fn reply_within(
+    async fn reply_within<W: Wait>(
         &mut self,
         deadline: Option<Instant>,
         spin: &mut Spin,
+        wait: &mut W,
     ) -> Result<(Reply, Vec<u8>), Broken> {
-        let frame = wire::recv(&self.sock, deadline, self.alive(), spin)?;
+        let frame = wire::recv_with(&self.sock, deadline, self.alive(), spin, wait).await?;
         let (q, reply, payload) = protocol::decode(frame)?;
         if q != self.seq {
             return Err(Broken::Protocol(
@@ -456,7 +496,11 @@ impl Worker {
     /// Loads the module `load` names, unless it is loaded: with its own limit (a body's time
     /// limit is its calls'), once per worker whether it loads or fails (a failed load's reply is
     /// kept and given again). `Some` is that failed reply.
-    fn ensure_loaded(&mut self, load: &Load) -> Result<Option<Reply>, Broken> {
+    async fn ensure_loaded<W: Wait>(
+        &mut self,
+        load: &Load,
+        wait: &mut W,
+    ) -> Result<Option<Reply>, Broken> {
         if let Some(reply) = self.failed_loads.get(&load.key) {
             return Ok(Some(reply.clone()));
         }
@@ -466,7 +510,7 @@ impl Worker {
         self.loading = true;
         let deadline = Instant::now().checked_add(LOAD_TIMEOUT);
         self.request(|seq| protocol::with_seq(seq, &load.message), deadline)?;
-        let (reply, _) = self.reply(deadline)?;
+        let (reply, _) = self.reply_with(deadline, wait).await?;
         self.loading = false;
         // An earlier generation of this op's module (hot reload) is gone there.
         self.loaded.retain(|k| k.base != load.key.base);
@@ -484,8 +528,12 @@ impl Worker {
         }
     }
 
-    fn exchange(&mut self, ex: Exchange<'_>) -> Result<Answered, Broken> {
-        if let Some(reply) = self.ensure_loaded(&ex.load)? {
+    async fn exchange<W: Wait>(
+        &mut self,
+        ex: Exchange<'_>,
+        wait: &mut W,
+    ) -> Result<Answered, Broken> {
+        if let Some(reply) = self.ensure_loaded(&ex.load, wait).await? {
             return Ok(Answered {
                 reply,
                 payload: Vec::new(),
@@ -511,7 +559,7 @@ impl Worker {
         let sent = Instant::now();
         let mut spin = self.pace.spin(function, sent);
         loop {
-            let (reply, payload) = self.reply_within(deadline, &mut spin)?;
+            let (reply, payload) = self.reply_within(deadline, &mut spin, wait).await?;
             let waited = std::mem::replace(&mut spin, Spin::now_for(pace::FIRST_SPIN));
             let result_len = self.result.as_ref().map_or(0, Arena::len);
             let checked = reply.check([input_len, result_len], ex.outs.as_deref())?;
@@ -526,7 +574,7 @@ impl Worker {
                     self.small_calls[1] = 0;
                     // The worker says it mapped it before it writes there: a `need` it did not
                     // send (a body forging one) cannot leave the two sides with other arenas.
-                    match self.reply(deadline)?.0 {
+                    match self.reply_with(deadline, wait).await?.0 {
                         Reply::Mapped {} => continue,
                         other => return Err(unexpected(&other, "a result arena")),
                     }
@@ -636,7 +684,7 @@ impl Worker {
         limit: Duration,
     ) -> Result<Reply, Failure> {
         let run = |w: &mut Worker| -> Result<Reply, Broken> {
-            if let Some(failed) = w.ensure_loaded(load)? {
+            if let Some(failed) = wire::block_now(w.ensure_loaded(load, &mut wire::Blocking))? {
                 return Ok(failed);
             }
             let ping = Request::Ping {

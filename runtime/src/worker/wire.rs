@@ -2,6 +2,7 @@
 //! holds is `protocol`'s), with file descriptors attached to a frame's first bytes when an arena
 //! changes.
 
+use std::future::Future;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -52,17 +53,69 @@ pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
-/// Waits for one frame until `deadline`, every byte of it, checking for its first bytes without
-/// sleeping during `spin` (which says whether they came before it). `alive` is the worker's pidfd, when the kernel has them: a worker that
-/// died is noticed even if a process it forked still holds its end of the socket open.
+/// How a caller waits for its worker's socket: a thread, blocked ([`Blocking`]), or a future
+/// that sleeps on a reactor (`op::awaited`'s `Reactor`). The frames, the protocol and the pacing
+/// are the same code for both.
+pub(crate) trait Wait {
+    /// Waits until the socket has bytes (or its peer closed it), the deadline passes, or the
+    /// worker (its pidfd) exits, checking without sleeping during `spin`.
+    fn readable(
+        &mut self,
+        sock: &UnixStream,
+        deadline: Option<Instant>,
+        alive: Option<BorrowedFd<'_>>,
+        spin: &mut Spin,
+    ) -> impl Future<Output = Result<(), RecvError>> + Send;
+}
+
+/// Waiting as a blocked thread: its future is ready when first polled.
+pub(crate) struct Blocking;
+
+impl Wait for Blocking {
+    fn readable(
+        &mut self,
+        sock: &UnixStream,
+        deadline: Option<Instant>,
+        alive: Option<BorrowedFd<'_>>,
+        spin: &mut Spin,
+    ) -> impl Future<Output = Result<(), RecvError>> + Send {
+        std::future::ready(wait_readable(sock, deadline, alive, spin))
+    }
+}
+
+/// The output of `f`, a future that never waits (one that only waits [`Blocking`]ly).
+pub(crate) fn block_now<F: Future>(f: F) -> F::Output {
+    let f = std::pin::pin!(f);
+    match f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => unreachable!("a blocking wait is ready when polled"),
+    }
+}
+
+/// Waits for one frame until `deadline`, as a blocked thread (see [`recv_with`]).
+#[cfg(test)]
 pub(crate) fn recv(
     sock: &UnixStream,
     deadline: Option<Instant>,
     alive: Option<BorrowedFd<'_>>,
     spin: &mut Spin,
 ) -> Result<Vec<u8>, RecvError> {
+    block_now(recv_with(sock, deadline, alive, spin, &mut Blocking))
+}
+
+/// Waits for one frame until `deadline`, every byte of it, checking for its first bytes without
+/// sleeping during `spin` (which says whether they came before it). `alive` is the worker's
+/// pidfd, when the kernel has them: a worker that died is noticed even if a process it forked
+/// still holds its end of the socket open.
+pub(crate) async fn recv_with<W: Wait>(
+    sock: &UnixStream,
+    deadline: Option<Instant>,
+    alive: Option<BorrowedFd<'_>>,
+    spin: &mut Spin,
+    wait: &mut W,
+) -> Result<Vec<u8>, RecvError> {
     let mut len = [0u8; 4];
-    read_full(sock, &mut len, deadline, alive, spin)?;
+    read_full(sock, &mut len, deadline, alive, spin, wait).await?;
     let n = u32::from_le_bytes(len) as usize;
     let too_large = || RecvError::Io(std::io::Error::other(format!("a reply frame of {n} bytes")));
     if n as u64 > super::protocol::need_cap() {
@@ -79,22 +132,25 @@ pub(crate) fn recv(
         deadline,
         alive,
         &mut Spin::now_for(pace::FIRST_SPIN),
-    )?;
+        wait,
+    )
+    .await?;
     Ok(frame)
 }
 
 /// Fills `buf`, waiting (until `deadline`) before every read: a worker that stops half-way
 /// through a frame cannot hold the caller past its time limit.
-fn read_full(
+async fn read_full<W: Wait>(
     mut sock: &UnixStream,
     buf: &mut [u8],
     deadline: Option<Instant>,
     alive: Option<BorrowedFd<'_>>,
     spin: &mut Spin,
+    wait: &mut W,
 ) -> Result<(), RecvError> {
     let mut got = 0;
     while got < buf.len() {
-        wait_readable(sock, deadline, alive, spin)?;
+        wait.readable(sock, deadline, alive, spin).await?;
         match sock.read(&mut buf[got..]) {
             Ok(0) => return Err(RecvError::Closed),
             Ok(n) => got += n,
@@ -106,6 +162,41 @@ fn read_full(
         }
     }
     Ok(())
+}
+
+/// What the socket and the worker's pidfd say now, without waiting: `Some(Ok)` when there are
+/// bytes to read (or the peer closed it), `Some(Err(Closed))` when the worker exited with nothing
+/// left to read, `None` when neither.
+pub(crate) fn ready_now(
+    sock: &UnixStream,
+    alive: Option<BorrowedFd<'_>>,
+) -> Option<Result<(), RecvError>> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let pidfd = alive.unwrap_or(sock.as_fd());
+    let mut fds = [
+        PollFd::new(sock, PollFlags::IN),
+        PollFd::from_borrowed_fd(pidfd, PollFlags::IN),
+    ];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    loop {
+        match poll(&mut fds, Some(&zero)) {
+            Ok(0) => return None,
+            Ok(_) => {
+                if !fds[0].revents().is_empty() {
+                    return Some(Ok(()));
+                }
+                if alive.is_some() && !fds[1].revents().is_empty() {
+                    return Some(Err(RecvError::Closed));
+                }
+                return None;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Some(Err(RecvError::Io(e.into()))),
+        }
+    }
 }
 
 /// Waits until the socket has bytes (or its peer closed it), the deadline passes, or the worker

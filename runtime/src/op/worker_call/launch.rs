@@ -10,9 +10,15 @@ use crate::bridge::with_gil;
 use crate::error::{Error, ErrorKind, Result};
 use crate::worker::exchange::Launch;
 
+static LAUNCH: OnceLock<Launch> = OnceLock::new();
+
+/// How workers start, if found already (an awaited call finds it on pyop's threads).
+pub(crate) fn found() -> Option<&'static Launch> {
+    LAUNCH.get()
+}
+
 /// How workers start: found once, with the GIL, from the embedded interpreter.
 pub(crate) fn launch(op: &str) -> Result<&'static Launch> {
-    static LAUNCH: OnceLock<Launch> = OnceLock::new();
     if let Some(l) = LAUNCH.get() {
         return Ok(l);
     }

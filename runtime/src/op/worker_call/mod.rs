@@ -28,7 +28,7 @@ use crate::bridge::with_gil;
 use crate::error::Result;
 use crate::op::{OpInner, PyOp};
 use crate::spec::OutSpec;
-use crate::worker::exchange::{Answered, Exchange, LOAD_TIMEOUT};
+use crate::worker::exchange::{Answered, Exchange, Load, LOAD_TIMEOUT};
 use crate::worker::protocol::{Phase, Reply};
 use crate::worker::Lease;
 
@@ -40,9 +40,9 @@ pub(crate) struct Answer {
     /// For a Ray actor, its node's address.
     pub node: Option<String>,
     _lease: Option<Lease>,
-    /// The call's limit, from its exchange with the worker to the end of its output check (the
-    /// program's reading of the reply counts against it too); dropped on the calling thread.
-    _deadline: crate::python::timeout::Deadline,
+    /// The call's deadline, from its exchange with the worker to the end of its output check
+    /// (the program's reading of the reply counts against it too).
+    deadline: Option<Instant>,
 }
 
 /// One call to make in a worker: the function, its inputs and argument groups, `out` buffers.
@@ -53,6 +53,15 @@ struct Call<'a> {
     outs: Option<&'a [(DType, Vec<usize>)]>,
     timeout: Option<Duration>,
     reloaded: Option<Source>,
+}
+
+/// What a forward call sends a worker, made before the exchange: the outputs expected, the
+/// source to load (with hot reload), the `out` buffers' shapes, the inputs' spans.
+pub(crate) struct Request {
+    pub tout: Vec<OutSpec>,
+    reloaded: Option<Source>,
+    outs: Option<Vec<(DType, Vec<usize>)>>,
+    inputs: WireInputs,
 }
 
 impl OpInner {
@@ -68,36 +77,58 @@ impl OpInner {
     ) -> Result<Outputs> {
         // 1. The request. Hot reload may have given the body a new source, and an `out`
         // parameter or taken it away.
+        let request = self.worker_request(args, prepared, self.worker_body_now())?;
+        // 2. The exchange, without the GIL.
+        let groups = [(args, Group::List)];
+        let answer = self.failed_before_python(
+            self.call_in_worker(workers, forward_call(self, &groups, &request, timeout)),
+        )?;
+        // 3. The reply read back and checked, with the GIL.
+        self.worker_outputs(args, &request, &answer, device, span)
+    }
+
+    /// Step 1 of a forward call in a worker: its request, with the body as `body_now` says
+    /// (`worker_body_now`).
+    pub(crate) fn worker_request(
+        &self,
+        args: &[Arg<'_>],
+        prepared: &[Prepared],
+        (reloaded, accepts_out): (Option<Source>, bool),
+    ) -> Result<Request> {
         let tout = self.failed_before_python(self.resolved_tout(args))?;
-        let (reloaded, accepts_out) = self.worker_body_now();
         let outs = if accepts_out {
             out_shapes(&tout, args)
         } else {
             None
         };
         let inputs = self.failed_before_python(WireInputs::new(&self.name, prepared))?;
-        // 2. The exchange, without the GIL.
-        let answer = self.failed_before_python(self.call_in_worker(
-            workers,
-            Call {
-                function: &self.function,
-                inputs: &inputs,
-                groups: &[(args, Group::List)],
-                outs: outs.as_deref(),
-                timeout,
-                reloaded,
-            },
-        ))?;
+        Ok(Request {
+            tout: tout.into_owned(),
+            reloaded,
+            outs,
+            inputs,
+        })
+    }
+
+    /// Step 3 of a forward call in a worker: the reply read back and checked, with the GIL.
+    pub(crate) fn worker_outputs(
+        &self,
+        args: &[Arg<'_>],
+        request: &Request,
+        answer: &Answer,
+        device: &Device,
+        span: &tracing::Span,
+    ) -> Result<Outputs> {
         span.record("worker", answer.worker);
         if let Some(node) = &answer.node {
             span.record("node", node.as_str());
         }
-        // 3. The reply read back and checked, with the GIL.
+        let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
         self.run_python(device, |py| {
             crate::python::numpy::ensure_numpy(py, Some(&self.name))?;
             let check = OutputCheck {
                 op: &self.name,
-                tout: &tout,
+                tout: &request.tout,
                 device,
                 role: Role::Output,
                 args,
@@ -108,7 +139,7 @@ impl OpInner {
                 answer.worker,
                 &self.body_named(),
                 &check,
-                outs.as_deref(),
+                request.outs.as_deref(),
             )
         })
     }
@@ -139,6 +170,7 @@ impl OpInner {
                 reloaded: self.worker_body_now().0,
             },
         ))?;
+        let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
         self.run_python(device, |py| {
             let returned = decode::value(
                 py,
@@ -156,68 +188,135 @@ impl OpInner {
     fn call_in_worker(&self, workers: &Workers, call: Call<'_>) -> Result<Answer> {
         let op = self.name.as_str();
         let launch = launch(op)?;
-        let load = workers.load(op, call.reloaded);
+        let load = workers.load(op, call.reloaded.clone());
         let started = Instant::now();
         let answer = crate::python::without_gil(|| {
             let mut lease = self.lease(workers, launch)?;
-            // Encoded once a worker is had: the request says whether the worker may check for
-            // its next one after replying, by the machine's load now, not before a wait.
-            let encoded = encode::call(
-                op,
-                &load.key,
-                call.function,
-                call.inputs,
-                call.groups,
-                call.outs,
-            )?;
-            let worker = lease.worker();
-            let (id, pid) = (worker.id, worker.pid);
-            let node = worker.actor.as_ref().map(|a| a.ip.clone());
-            let _span =
-                tracing::trace_span!("pyop.worker", op, worker = id, pid, node = node.as_deref())
-                    .entered();
-            let deadline = crate::python::timeout::Deadline::enter(call.timeout);
-            let result = worker.call(Exchange {
-                load,
+            let (exchange, deadline, span) = self.exchange(&call, &load, &mut lease)?;
+            let result = span.in_scope(|| lease.worker().call(exchange));
+            self.answered(lease, result, deadline, call.timeout)
+        });
+        self.counters.record_worker(started.elapsed());
+        answer
+    }
+
+    /// [`call_in_worker`](Self::call_in_worker) for an awaited forward call: the worker waited
+    /// for, and its reply, as a task (`WorkerPool::checkout_async`, `Lease::call_async`).
+    #[cfg(target_os = "linux")]
+    pub(crate) async fn call_in_worker_async(
+        &self,
+        workers: &Workers,
+        args: &[Arg<'_>],
+        request: &Request,
+        timeout: Option<Duration>,
+        launch: &'static crate::worker::exchange::Launch,
+    ) -> Result<Answer> {
+        let groups = [(args, Group::List)];
+        let call = forward_call(self, &groups, request, timeout);
+        let op = self.name.as_str();
+        let load = workers.load(op, call.reloaded.clone());
+        let started = Instant::now();
+        let answer = async {
+            let mut lease = workers
+                .pool
+                .checkout_async(launch)
+                .await
+                .map_err(|e| start_error(&self.name, launch, e))?;
+            lease.count_call();
+            let (exchange, deadline, span) = self.exchange(&call, &load, &mut lease)?;
+            let result = tracing::Instrument::instrument(lease.call_async(exchange), span).await;
+            self.answered(lease, result, deadline, call.timeout)
+        }
+        .await;
+        self.counters.record_worker(started.elapsed());
+        self.failed_before_python(answer)
+    }
+
+    /// The exchange of `call` with the leased worker, the call's deadline (from now), and the
+    /// exchange's trace span.
+    fn exchange<'c>(
+        &self,
+        call: &'c Call<'c>,
+        load: &Load,
+        lease: &mut Lease,
+    ) -> Result<(Exchange<'c>, Option<Instant>, tracing::Span)> {
+        // Encoded once a worker is had: the request says whether the worker may check for its
+        // next one after replying, by the machine's load now, not before a wait.
+        let encoded = encode::call(
+            &self.name,
+            &load.key,
+            call.function,
+            call.inputs,
+            call.groups,
+            call.outs,
+        )?;
+        let worker = lease.worker();
+        let span = tracing::trace_span!(
+            "pyop.worker",
+            op = self.name.as_str(),
+            worker = worker.id,
+            pid = worker.pid,
+            node = worker.actor.as_ref().map(|a| a.ip.as_str())
+        );
+        let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
+        Ok((
+            Exchange {
+                load: load.clone(),
                 function: call.function,
                 call: encoded.call,
                 inputs: encoded.inputs,
                 arena_len: encoded.arena_len,
                 outs: encoded.out_sizes,
                 timeout: call.timeout,
-            });
-            match result {
-                Ok(answered) => {
-                    lease.count_bytes(answered.copied_in, answered.copied_out);
-                    self.counters
-                        .record_worker_bytes(answered.copied_in, answered.copied_out);
-                    // A worker whose own machinery failed has said so and exits: not reused.
-                    let lease = match &answered.reply {
-                        Reply::Raised { exc, .. } if exc.phase == Phase::Worker => {
-                            lease.discard(false);
-                            None
-                        }
-                        _ => Some(lease),
-                    };
-                    Ok(Answer {
-                        answered,
-                        worker: id,
-                        node,
-                        _lease: lease,
-                        _deadline: deadline,
-                    })
-                }
-                Err(f) => Err(lost_call(op, lease, f, call.timeout)),
+            },
+            deadline,
+            span,
+        ))
+    }
+
+    /// The answer of an exchange with the leased worker, or its failure as an error (the worker
+    /// given up).
+    fn answered(
+        &self,
+        lease: Lease,
+        result: std::result::Result<Answered, crate::worker::exchange::Failure>,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> Result<Answer> {
+        let op = self.name.as_str();
+        let (id, node) = {
+            let w = lease.peek();
+            (w.id, w.actor.as_ref().map(|a| a.ip.clone()))
+        };
+        match result {
+            Ok(answered) => {
+                lease.count_bytes(answered.copied_in, answered.copied_out);
+                self.counters
+                    .record_worker_bytes(answered.copied_in, answered.copied_out);
+                // A worker whose own machinery failed has said so and exits: not reused.
+                let lease = match &answered.reply {
+                    Reply::Raised { exc, .. } if exc.phase == Phase::Worker => {
+                        lease.discard(false);
+                        None
+                    }
+                    _ => Some(lease),
+                };
+                Ok(Answer {
+                    answered,
+                    worker: id,
+                    node,
+                    _lease: lease,
+                    deadline,
+                })
             }
-        });
-        self.counters.record_worker(started.elapsed());
-        answer
+            Err(f) => Err(lost_call(op, lease, f, timeout)),
+        }
     }
 
     /// With hot reload on, the source workers load now (the program's check, which takes the
     /// GIL, may have found a new one) and whether the body takes `out`; without it, neither
     /// costs anything.
-    fn worker_body_now(&self) -> (Option<Source>, bool) {
+    pub(crate) fn worker_body_now(&self) -> (Option<Source>, bool) {
         let Some(r) = &self.reload else {
             return (None, self.accepts_out);
         };
@@ -234,7 +333,7 @@ impl OpInner {
     }
 
     /// A worker of the op's pool for one call, started if none is idle (without the GIL).
-    fn lease(&self, workers: &Workers, launch: &crate::worker::exchange::Launch) -> Result<Lease> {
+    pub(crate) fn lease(&self, workers: &Workers, launch: &crate::worker::exchange::Launch) -> Result<Lease> {
         let lease = workers
             .pool
             .checkout(launch)
@@ -291,6 +390,33 @@ impl PyOp {
         crate::python::without_gil(|| workers.pool.fill(launch))
             .map_err(|e| start_error(&op.name, launch, e))
     }
+}
+
+/// The call a forward `request` makes, with the call's arguments as `groups`.
+fn forward_call<'a>(
+    op: &'a OpInner,
+    groups: &'a [(&'a [Arg<'a>], Group)],
+    request: &'a Request,
+    timeout: Option<Duration>,
+) -> Call<'a> {
+    Call {
+        function: &op.function,
+        inputs: &request.inputs,
+        groups,
+        outs: request.outs.as_deref(),
+        timeout,
+        reloaded: request.reloaded.clone(),
+    }
+}
+
+/// How workers start, if found already.
+pub(crate) fn launch_found() -> Option<&'static crate::worker::exchange::Launch> {
+    launch::found()
+}
+
+/// How workers start, found now if need be (with the GIL).
+pub(crate) fn launch_now(op: &str) -> Result<&'static crate::worker::exchange::Launch> {
+    launch(op)
 }
 
 /// Shapes of `out` buffers for a worker call (the same rule as in the program: every output's

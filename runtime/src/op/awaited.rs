@@ -1,0 +1,204 @@
+//! Awaited calls: [`PyOp::call_async`], a future that runs the call without blocking the thread
+//! that polls it (a tokio worker, any executor's), usable on any executor.
+//!
+//! An op whose body runs in the program: the whole call (the body, its output check, autograd)
+//! runs on one of pyop's own threads (`threads`), the only ones an awaited call lets wait for
+//! the GIL. An op whose body runs in a worker process: the inputs are prepared and written where
+//! the future is polled (no GIL needed), the future waits for a free worker and for its reply as
+//! a task (the pool's event, the reactor), and only the reply's read-back, which takes the GIL,
+//! runs on one of pyop's threads. Dropping the future cancels the call: a body in the program is
+//! interrupted as a time limit interrupts it (or never starts), a worker running it is killed
+//! (as on a time limit), and a request not yet sent is not sent.
+
+use std::future::Future;
+
+use candle_core::{Device, Tensor};
+
+use super::{CallOptions, PyOp};
+use crate::arg::Arg;
+use crate::bridge::outputs::Outputs;
+use crate::error::Result;
+use crate::python::timeout::Interrupt;
+
+impl PyOp {
+    /// [`call`](Self::call) as a future: awaiting it blocks no thread of the caller's runtime
+    /// (see the guide's chapter on async). The future owns what it needs (the arguments are
+    /// copied: tensors share their storage, slices and strings are cloned), so it is `'static`
+    /// and can be spawned; dropping it cancels the call.
+    ///
+    /// ```
+    /// use pyop::candle::{DType, Device, Tensor};
+    /// use pyop::{Arg, OutSpec, PyOp};
+    ///
+    /// let double = PyOp::builder("double")
+    ///     .code("def double(x):\n    return x * 2")
+    ///     .tout([OutSpec::new(DType::F32)])
+    ///     .build()?;
+    /// let x = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
+    /// let y = futures_lite::future::block_on(double.call_async(&[Arg::from(&x)]))?;
+    /// assert_eq!(y[0].to_vec1::<f32>()?, [2., 4.]);
+    /// # Ok::<(), pyop::Error>(())
+    /// ```
+    pub fn call_async(
+        &self,
+        args: &[Arg<'_>],
+    ) -> impl Future<Output = Result<Vec<Tensor>>> + Send + 'static + use<> {
+        self.call_async_with(args, &CallOptions::default())
+    }
+
+    /// [`call_with`](Self::call_with) as a future (see [`call_async`](Self::call_async)).
+    pub fn call_async_with(
+        &self,
+        args: &[Arg<'_>],
+        options: &CallOptions<'_>,
+    ) -> impl Future<Output = Result<Vec<Tensor>>> + Send + 'static + use<> {
+        let call = self.call_async_outputs(args, options);
+        async move { call.await.map(Outputs::into_vec) }
+    }
+
+    /// [`call_async_with`](Self::call_async_with), the outputs held inline (what `#[py_op]`'s
+    /// `_async` functions use).
+    pub(crate) fn call_async_outputs(
+        &self,
+        args: &[Arg<'_>],
+        options: &CallOptions<'_>,
+    ) -> impl Future<Output = Result<Outputs>> + Send + 'static + use<> {
+        let op = self.clone();
+        let args = OwnedArgs::new(args);
+        let device = options.device.cloned();
+        let timeout = options.timeout;
+        async move {
+            #[cfg(target_os = "linux")]
+            if op.inner.workers.is_some() {
+                return op.awaited_in_worker(args, device, timeout).await;
+            }
+            let call = crate::threads::run(Interrupt::default(), move || {
+                let options = CallOptions {
+                    device: device.as_ref(),
+                    timeout,
+                };
+                op.call_outputs(&args.args(), &options)
+            });
+            call.await
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        }
+    }
+
+    /// An awaited forward call whose body runs in a worker process.
+    #[cfg(target_os = "linux")]
+    async fn awaited_in_worker(
+        self,
+        owned: OwnedArgs,
+        device: Option<Device>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Outputs> {
+        use tracing::Instrument;
+        let op = &*self.inner;
+        let workers = op.workers.as_ref().expect("an op with workers");
+        let args = owned.args();
+        let before = op.before(&args, device.as_ref(), timeout)?;
+        // With hot reload on, the body's check takes the GIL: on pyop's threads.
+        let body = match &op.reload {
+            None => (None, op.accepts_out),
+            Some(_) => {
+                let me = self.clone();
+                gil(move || me.inner.worker_body_now()).await
+            }
+        };
+        let request = op.worker_request(&args, &before.prepared, body)?;
+        // How workers start is found once, with the GIL.
+        let launch = match super::worker_call::launch_found() {
+            Some(l) => l,
+            None => {
+                let me = self.clone();
+                gil(move || super::worker_call::launch_now(&me.inner.name)).await?
+            }
+        };
+        let answer = op
+            .call_in_worker_async(workers, &args, &request, before.timeout, launch)
+            .instrument(before.span.clone())
+            .await?;
+        drop(args);
+        // The reply read back and checked, and the outputs put into the graph, with the GIL.
+        gil(move || {
+            let args = owned.args();
+            let span = before.span.clone();
+            let _entered = span.enter();
+            let outputs =
+                self.inner
+                    .worker_outputs(&args, &request, &answer, &before.device, &before.span)?;
+            drop(answer);
+            self.after(&args, before, outputs)
+        })
+        .await
+    }
+}
+
+/// `f`'s result, `f` run on one of pyop's threads (it takes the GIL); a panic resumes here.
+pub(crate) async fn gil<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    crate::threads::run(Interrupt::default(), f)
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// A call's arguments, owned: an awaited call's future outlives the caller's borrows.
+pub(crate) struct OwnedArgs(smallvec::SmallVec<[Owned; 4]>);
+
+enum Owned {
+    Tensor(Tensor),
+    Tensors(Vec<Tensor>),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+    Str(String),
+    F64s(Vec<f64>),
+    I64s(Vec<i64>),
+    U64(u64),
+    Usizes(Vec<usize>),
+    F32s(Vec<f32>),
+    None,
+}
+
+impl OwnedArgs {
+    pub(crate) fn new(args: &[Arg<'_>]) -> OwnedArgs {
+        OwnedArgs(
+            args.iter()
+                .map(|a| match *a {
+                    Arg::Tensor(t) => Owned::Tensor(t.clone()),
+                    Arg::Tensors(ts) => Owned::Tensors(ts.to_vec()),
+                    Arg::F64(v) => Owned::F64(v),
+                    Arg::I64(v) => Owned::I64(v),
+                    Arg::Bool(v) => Owned::Bool(v),
+                    Arg::Str(v) => Owned::Str(v.to_owned()),
+                    Arg::F64s(v) => Owned::F64s(v.to_vec()),
+                    Arg::I64s(v) => Owned::I64s(v.to_vec()),
+                    Arg::U64(v) => Owned::U64(v),
+                    Arg::Usizes(v) => Owned::Usizes(v.to_vec()),
+                    Arg::F32s(v) => Owned::F32s(v.to_vec()),
+                    Arg::None => Owned::None,
+                })
+                .collect(),
+        )
+    }
+
+    /// The arguments, borrowed from here.
+    pub(crate) fn args(&self) -> smallvec::SmallVec<[Arg<'_>; 4]> {
+        self.0
+            .iter()
+            .map(|o| match o {
+                Owned::Tensor(t) => Arg::Tensor(t),
+                Owned::Tensors(ts) => Arg::Tensors(ts),
+                Owned::F64(v) => Arg::F64(*v),
+                Owned::I64(v) => Arg::I64(*v),
+                Owned::Bool(v) => Arg::Bool(*v),
+                Owned::Str(v) => Arg::Str(v),
+                Owned::F64s(v) => Arg::F64s(v),
+                Owned::I64s(v) => Arg::I64s(v),
+                Owned::U64(v) => Arg::U64(*v),
+                Owned::Usizes(v) => Arg::Usizes(v),
+                Owned::F32s(v) => Arg::F32s(v),
+                Owned::None => Arg::None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,110 @@
+//! How an awaited call waits for its worker's reply: the worker's socket and pidfd registered
+//! with a reactor (async-io's, one thread for every call in flight, whatever executor polls the
+//! future), and the same pacing as a blocked caller's (`pace`): asleep until shortly before the
+//! reply is due, checking for it during its window, by polling again at once (the executor runs
+//! its other tasks in between).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_io::{Async, Timer};
+use futures_lite::future;
+
+use super::pace::Spin;
+use super::wire::{ready_now, RecvError, Wait};
+
+/// A worker's socket and pidfd (copies of their descriptors), registered with the reactor.
+#[derive(Clone)]
+pub(crate) struct Reactor(Arc<Registered>);
+
+struct Registered {
+    sock: Async<OwnedFd>,
+    pidfd: Option<Async<OwnedFd>>,
+}
+
+impl Reactor {
+    /// Registers `sock` and `pidfd` (copies: their readiness is the originals').
+    pub(crate) fn register(sock: OwnedFd, pidfd: Option<OwnedFd>) -> std::io::Result<Reactor> {
+        // `new_nonblocking`: the descriptors stay as they are (blocking), since they are only
+        // waited on here, and read and written by the worker's own code.
+        Ok(Reactor(Arc::new(Registered {
+            sock: Async::new_nonblocking(sock)?,
+            pidfd: pidfd.map(Async::new_nonblocking).transpose()?,
+        })))
+    }
+}
+
+/// What ended a sleep.
+enum Woke {
+    Readable,
+    Timer,
+}
+
+impl Wait for Reactor {
+    async fn readable(
+        &mut self,
+        sock: &UnixStream,
+        deadline: Option<Instant>,
+        alive: Option<BorrowedFd<'_>>,
+        spin: &mut Spin,
+    ) -> Result<(), RecvError> {
+        debug_assert_eq!(
+            rustix::fs::fstat(sock.as_fd()).map(|s| s.st_ino).ok(),
+            rustix::fs::fstat(self.0.sock.as_fd()).map(|s| s.st_ino).ok(),
+            "the registered socket is the worker's"
+        );
+        loop {
+            if let Some(r) = ready_now(sock, alive) {
+                return r;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(RecvError::TimedOut);
+            }
+            let window = spin.until > spin.from;
+            if window && now >= spin.from && now < spin.until {
+                future::yield_now().await;
+                continue;
+            }
+            // Asleep until the window opens (if it is ahead) or the deadline.
+            let wake_at = match (window && now < spin.from, deadline) {
+                (true, Some(d)) => Some(spin.from.min(d)),
+                (true, None) => Some(spin.from),
+                (false, d) => d,
+            };
+            let timer = async {
+                match wake_at {
+                    Some(at) => Timer::at(at).await,
+                    None => Timer::never().await,
+                };
+                Ok(Woke::Timer)
+            };
+            let socket = async {
+                self.0.sock.readable().await?;
+                Ok(Woke::Readable)
+            };
+            let exited = async {
+                match &self.0.pidfd {
+                    Some(p) => {
+                        p.readable().await?;
+                        Ok(Woke::Readable)
+                    }
+                    None => future::pending().await,
+                }
+            };
+            let woke: std::io::Result<Woke> = future::or(socket, future::or(exited, timer)).await;
+            match woke {
+                Err(e) => return Err(RecvError::Io(e)),
+                Ok(Woke::Readable) => {
+                    if window && Instant::now() < spin.from {
+                        // Woken before the window: the estimate was too long.
+                        spin.early = true;
+                    }
+                }
+                Ok(Woke::Timer) => {}
+            }
+        }
+    }
+}

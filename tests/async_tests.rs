@@ -1,0 +1,366 @@
+//! Awaited calls (`PyOp::call_async`, `#[py_op]`'s `_async` functions): on tokio's runtimes and
+//! on another executor, in the program and in workers, many at once without a thread each, with
+//! no runtime thread blocked; cancelled by dropping the future; with the errors, time limits,
+//! gradients and counters of sync calls.
+//!
+//! Every test takes the `serial` lock: some count the program's threads and descriptors.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyop::candle::{DType, Tensor, Var};
+use pyop::{py_op, Arg, CallOptions, ErrorKind, OutSpec, PyOp, WorkerPool};
+
+mod common;
+use common::cpu;
+use common::workers::{serial, stat_fields, worker_op};
+
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn f64s(v: &[f64]) -> Tensor {
+    Tensor::new(v, &cpu()).unwrap()
+}
+
+/// The descriptors the program has open, by number.
+fn open_fds() -> Vec<String> {
+    let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    fds
+}
+
+#[test]
+fn an_awaited_call_in_the_program_gives_the_sync_calls_outputs_on_any_executor() {
+    let _serial = serial();
+    let op = PyOp::builder("affine")
+        .code("def affine(x, a, b):\n    return x * a + b")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let x = f64s(&[1.0, -2.5, 3.25]);
+    let args = [Arg::from(&x), Arg::from(2.0), Arg::from(0.5)];
+    let sync = op.call(&args).unwrap()[0].to_vec1::<f64>().unwrap();
+    assert_eq!(sync, [2.5, -4.5, 7.0]);
+    // tokio's multi-thread runtime, a spawned task (the future is 'static and Send).
+    let call = op.call_async(&args);
+    let got = runtime(2).block_on(async { tokio::spawn(call).await.unwrap() });
+    assert_eq!(got.unwrap()[0].to_vec1::<f64>().unwrap(), sync);
+    // tokio's current-thread runtime, and an executor that is not tokio's.
+    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let got = current.block_on(op.call_async(&args)).unwrap();
+    assert_eq!(got[0].to_vec1::<f64>().unwrap(), sync);
+    let got = futures_lite::future::block_on(op.call_async(&args)).unwrap();
+    assert_eq!(got[0].to_vec1::<f64>().unwrap(), sync);
+    assert_eq!(op.stats().calls, 4);
+}
+
+#[test]
+fn errors_and_time_limits_of_awaited_calls_are_the_sync_calls() {
+    let _serial = serial();
+    let raises = PyOp::builder("raises")
+        .code("def raises(x):\n    raise ValueError(f'bad {x.shape}')")
+        .numpy()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let x = f64s(&[1.0, 2.0]);
+    let sync = raises.call(&[Arg::from(&x)]).unwrap_err();
+    let err = futures_lite::future::block_on(raises.call_async(&[Arg::from(&x)])).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(err.to_string(), sync.to_string());
+    // A wrong output is the output check's error.
+    let wrong = PyOp::builder("wrong")
+        .code("def wrong(x):\n    return x.astype('float32')")
+        .numpy()
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let err = futures_lite::future::block_on(wrong.call_async(&[Arg::from(&x)])).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutputMismatch);
+    // A time limit, in the program and in a worker.
+    let pool = WorkerPool::new(1);
+    for op in [
+        PyOp::builder("spin")
+            .code("def spin(x):\n    while True:\n        pass")
+            .tout([OutSpec::new(DType::F64)])
+            .build()
+            .unwrap(),
+        worker_op(
+            &pool,
+            "spin_worker",
+            "def f(x):\n    while True:\n        pass",
+            &[OutSpec::new(DType::F64)],
+        ),
+    ] {
+        let options = CallOptions::new().timeout(Duration::from_millis(100));
+        let started = Instant::now();
+        let err = runtime(2)
+            .block_on(op.call_async_with(&[Arg::from(&x)], &options))
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+    }
+    assert_eq!(pool.stats().timed_out, 1);
+}
+
+#[test]
+fn an_awaited_calls_outputs_take_part_in_autograd_as_a_sync_calls() {
+    let _serial = serial();
+    let pool = WorkerPool::new(1);
+    let code = "import numpy as np\ndef cube(x):\n    return x ** 3\ndef cube_grad(inputs, outputs, grads):\n    (x,), (g,) = inputs, grads\n    return (3 * x * x * g,)";
+    let program = PyOp::builder("cube")
+        .code(code)
+        .numpy()
+        .gradient("cube_grad")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let in_worker = PyOp::builder("cube_w")
+        .code(code)
+        .function("cube")
+        .numpy()
+        .gradient("cube_grad")
+        .pool(&pool)
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let rt = runtime(2);
+    for op in [&program, &in_worker] {
+        let x = Var::new(&[1.0f64, -2.0, 0.5], &cpu()).unwrap();
+        let y = rt
+            .block_on(op.call_async(&[Arg::from(x.as_tensor())]))
+            .unwrap()
+            .remove(0);
+        assert_eq!(y.to_vec1::<f64>().unwrap(), [1.0, -8.0, 0.125]);
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        let g = grads.get(&x).expect("a gradient for x");
+        assert_eq!(g.to_vec1::<f64>().unwrap(), [3.0, 12.0, 0.75]);
+    }
+}
+
+#[test]
+fn a_thousand_awaited_worker_calls_need_no_thread_each_and_block_no_runtime_thread() {
+    let _serial = serial();
+    let pool = WorkerPool::new(2);
+    let op = worker_op(
+        &pool,
+        "plus_index",
+        "def f(x, i):\n    return x + i",
+        &[OutSpec::new(DType::F64)],
+    );
+    op.start_workers().unwrap();
+    let rt = runtime(2);
+    let x = f64s(&[0.5, 1.5]);
+    let threads_before = std::fs::read_dir("/proc/self/task").unwrap().count();
+    // A heartbeat on the same runtime: how late its ticks come (tokio's timer has a
+    // granularity of 1 ms: a tick is late by up to that on an idle runtime too).
+    let heartbeat = |stop: Arc<AtomicBool>| async move {
+        let mut late = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let asked = Instant::now();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            late.push(asked.elapsed().saturating_sub(Duration::from_millis(1)));
+        }
+        late.sort();
+        late
+    };
+    let p90 = |late: &[Duration]| late[late.len() * 9 / 10];
+    let idle = {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticks = rt.spawn(heartbeat(Arc::clone(&stop)));
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        rt.block_on(ticks).unwrap()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let heartbeat = rt.spawn(heartbeat(Arc::clone(&stop)));
+    let calls: Vec<_> = (0..1000i64)
+        .map(|i| rt.spawn(op.call_async(&[Arg::from(&x), Arg::from(i)])))
+        .collect();
+    let most_threads = std::fs::read_dir("/proc/self/task").unwrap().count();
+    let results = rt.block_on(async {
+        let mut out = Vec::new();
+        for c in calls {
+            out.push(c.await.unwrap().unwrap().remove(0));
+        }
+        out
+    });
+    stop.store(true, Ordering::Relaxed);
+    let late = rt.block_on(heartbeat).unwrap();
+    for (i, y) in results.iter().enumerate() {
+        let i = i as f64;
+        assert_eq!(y.to_vec1::<f64>().unwrap(), [0.5 + i, 1.5 + i]);
+    }
+    assert_eq!(pool.stats().calls, 1000);
+    // No thread per call: the reactor's and pyop's few at most.
+    assert!(
+        most_threads <= threads_before + 8,
+        "{threads_before} threads before, {most_threads} with 1000 calls in flight"
+    );
+    // A blocked runtime thread would hold the heartbeat for a whole call or more (ms to s);
+    // the machine itself (2 CPUs, two workers busy) delays a tick now and then.
+    assert!(late.len() >= 10, "{} ticks", late.len());
+    assert!(
+        p90(&late) < p90(&idle) + Duration::from_millis(1),
+        "heartbeat ticks late: p90 {:?} (idle: {:?}), worst {:?}, of {}",
+        p90(&late),
+        p90(&idle),
+        late.last().unwrap(),
+        late.len()
+    );
+}
+
+#[test]
+fn dropping_an_awaited_worker_call_kills_its_worker_and_leaves_nothing_behind() {
+    let _serial = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "sleeper",
+        "import time\ndef f(x, s):\n    time.sleep(s)\n    return x",
+        &[OutSpec::new(DType::F64)],
+    );
+    let x = f64s(&[4.0]);
+    let rt = runtime(2);
+    // Warm: the worker started, the body loaded, its descriptors open.
+    rt.block_on(op.call_async(&[Arg::from(&x), Arg::from(0.0)]))
+        .unwrap();
+    let fds = open_fds();
+    let pid = pool.idle_pids()[0];
+    let call = rt.spawn(op.call_async(&[Arg::from(&x), Arg::from(30.0)]));
+    let started = Instant::now();
+    while pool.stats().busy == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    call.abort();
+    assert!(rt.block_on(call).unwrap_err().is_cancelled());
+    let stats = pool.stats();
+    assert_eq!((stats.cancelled, stats.running, stats.busy), (1, 0, 0));
+    let started = Instant::now();
+    while stat_fields(pid).is_some_and(|f| f[0] != "Z") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the worker lives on"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A call waiting for a worker, dropped, takes nothing with it.
+    let busy = rt.spawn(op.call_async(&[Arg::from(&x), Arg::from(0.3)]));
+    while pool.stats().busy == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let waiting = rt.spawn(op.call_async(&[Arg::from(&x), Arg::from(30.0)]));
+    std::thread::sleep(Duration::from_millis(20));
+    waiting.abort();
+    assert!(rt.block_on(waiting).unwrap_err().is_cancelled());
+    assert_eq!(rt.block_on(busy).unwrap().unwrap()[0].to_vec1::<f64>().unwrap(), [4.0]);
+    // The next call works, in the pool's one worker, and nothing is left open.
+    let y = rt
+        .block_on(op.call_async(&[Arg::from(&x), Arg::from(0.0)]))
+        .unwrap();
+    assert_eq!(y[0].to_vec1::<f64>().unwrap(), [4.0]);
+    let stats = pool.stats();
+    assert_eq!((stats.cancelled, stats.running, stats.started), (1, 1, 2));
+    assert_eq!(open_fds(), fds);
+}
+
+#[test]
+fn a_worker_started_for_a_dropped_call_serves_the_next() {
+    let _serial = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "ident",
+        "def f(x):\n    return x",
+        &[OutSpec::new(DType::F64)],
+    );
+    let x = f64s(&[7.0]);
+    let rt = runtime(2);
+    let call = rt.spawn(op.call_async(&[Arg::from(&x)]));
+    // Dropped while its worker starts (the start takes milliseconds at least).
+    while pool.stats().running == 0 {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    call.abort();
+    let _ = rt.block_on(call);
+    let started = Instant::now();
+    while pool.idle_pids().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", pool.stats());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let y = rt.block_on(op.call_async(&[Arg::from(&x)])).unwrap();
+    assert_eq!(y[0].to_vec1::<f64>().unwrap(), [7.0]);
+    let stats = pool.stats();
+    assert_eq!((stats.started, stats.running, stats.cancelled), (1, 1, 0));
+}
+
+#[test]
+fn dropping_an_awaited_call_interrupts_its_body_in_the_program() {
+    let _serial = serial();
+    let op = PyOp::builder("busy")
+        .code("import time\nticks = [0]\ndef busy(x):\n    while True:\n        ticks[0] += 1\n")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let x = f64s(&[1.0]);
+    let rt = runtime(2);
+    let call = rt.spawn(op.call_async(&[Arg::from(&x)]));
+    let started = Instant::now();
+    // Running: the body counts.
+    while op.stats().calls == 0 && started.elapsed() < Duration::from_millis(200) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    call.abort();
+    assert!(rt.block_on(call).unwrap_err().is_cancelled());
+    // The body is interrupted: the call ends (as a failed call) and pyop's thread is free.
+    let started = Instant::now();
+    while op.stats().errors == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the body runs on"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let quick = PyOp::builder("quick")
+        .code("def quick(x):\n    return x + 1")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let y = rt.block_on(quick.call_async(&[Arg::from(&x)])).unwrap();
+    assert_eq!(y[0].to_vec1::<f64>().unwrap(), [2.0]);
+}
+
+#[py_op(code = "def scaled(x, k):\n    return x * k", tout = f64)]
+fn scaled(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
+
+#[py_op(numpy, workers = 1, code = "def split(x):\n    return x[:1], x[1:]", tout = (f64, f64))]
+fn split(x: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+#[test]
+fn py_op_functions_have_an_async_sibling() {
+    let _serial = serial();
+    let x = f64s(&[1.0, 2.0, 3.0]);
+    let rt = runtime(2);
+    let y = rt.block_on(scaled_async(&x, 2.0)).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [2.0, 4.0, 6.0]);
+    // The future owns its arguments: the input may go before it is awaited.
+    let later = split_async(&x);
+    drop(x);
+    let (a, b) = rt.block_on(later).unwrap();
+    assert_eq!(
+        (a.to_vec1::<f64>().unwrap(), b.to_vec1::<f64>().unwrap()),
+        (vec![1.0], vec![2.0, 3.0])
+    );
+}
