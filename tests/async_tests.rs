@@ -56,7 +56,9 @@ fn an_awaited_call_in_the_program_gives_the_sync_calls_outputs_on_any_executor()
     let got = runtime(2).block_on(async { tokio::spawn(call).await.unwrap() });
     assert_eq!(got.unwrap()[0].to_vec1::<f64>().unwrap(), sync);
     // tokio's current-thread runtime, and an executor that is not tokio's.
-    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let got = current.block_on(op.call_async(&args)).unwrap();
     assert_eq!(got[0].to_vec1::<f64>().unwrap(), sync);
     let got = futures_lite::future::block_on(op.call_async(&args)).unwrap();
@@ -265,7 +267,12 @@ fn dropping_an_awaited_worker_call_kills_its_worker_and_leaves_nothing_behind() 
     std::thread::sleep(Duration::from_millis(20));
     waiting.abort();
     assert!(rt.block_on(waiting).unwrap_err().is_cancelled());
-    assert_eq!(rt.block_on(busy).unwrap().unwrap()[0].to_vec1::<f64>().unwrap(), [4.0]);
+    assert_eq!(
+        rt.block_on(busy).unwrap().unwrap()[0]
+            .to_vec1::<f64>()
+            .unwrap(),
+        [4.0]
+    );
     // The next call works, in the pool's one worker, and nothing is left open.
     let y = rt
         .block_on(op.call_async(&[Arg::from(&x), Arg::from(0.0)]))
@@ -297,7 +304,11 @@ fn a_worker_started_for_a_dropped_call_serves_the_next() {
     let _ = rt.block_on(call);
     let started = Instant::now();
     while pool.idle_pids().is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", pool.stats());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            pool.stats()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     let y = rt.block_on(op.call_async(&[Arg::from(&x)])).unwrap();
@@ -348,6 +359,13 @@ fn scaled(x: &Tensor, k: f64) -> pyop::Result<Tensor>;
 #[py_op(numpy, workers = 1, code = "def split(x):\n    return x[:1], x[1:]", tout = (f64, f64))]
 fn split(x: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
 
+struct Model;
+
+impl Model {
+    #[py_op(code = "def shifted(x):\n    return x + 1", tout = f64)]
+    fn shifted(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
 #[test]
 fn py_op_functions_have_an_async_sibling() {
     let _serial = serial();
@@ -355,6 +373,9 @@ fn py_op_functions_have_an_async_sibling() {
     let rt = runtime(2);
     let y = rt.block_on(scaled_async(&x, 2.0)).unwrap();
     assert_eq!(y.to_vec1::<f64>().unwrap(), [2.0, 4.0, 6.0]);
+    // An associated function's sibling is one too.
+    let y = rt.block_on(Model::shifted_async(&x)).unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [2.0, 3.0, 4.0]);
     // The future owns its arguments: the input may go before it is awaited.
     let later = split_async(&x);
     drop(x);

@@ -63,7 +63,7 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
             ::core::unreachable!("#[py_op] declaration has errors")
         }
         #(#cfgs)*
-        #[allow(unused_variables, dead_code, unreachable_pub)]
+        #[allow(unused_variables, dead_code, unreachable_pub, clippy::too_many_arguments)]
         #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
             + ::core::marker::Send + 'static + use<> {
             async { ::core::unreachable!("#[py_op] declaration has errors") }
@@ -197,10 +197,18 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         }
         #(#cfgs)*
         #[doc = #async_doc]
-        #[allow(dead_code, unreachable_pub)]
+        // As many parameters as the declaration, whose own lints its author has seen to.
+        #[allow(dead_code, unreachable_pub, clippy::too_many_arguments)]
         #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
             + ::core::marker::Send + 'static + use<> {
-            let __pyop_call = #handle().__call_async(&[#(#async_args),*], #device);
+            // The op the sync function declared, found as its handle finds it (the handle is not
+            // callable by name from here when both are associated functions).
+            static __PYOP_FOUND: ::std::sync::OnceLock<&'static #p::StaticOp> =
+                ::std::sync::OnceLock::new();
+            let __pyop_op = __PYOP_FOUND.get_or_init(|| {
+                #p::declared_at(::core::module_path!(), ::core::file!(), #line, #name)
+            });
+            let __pyop_call = __pyop_op.__call_async(&[#(#async_args),*], #device);
             async move {
                 ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_call.await?))
             }

@@ -124,9 +124,13 @@ impl PyOp {
             let args = owned.args();
             let span = before.span.clone();
             let _entered = span.enter();
-            let outputs =
-                self.inner
-                    .worker_outputs(&args, &request, &answer, &before.device, &before.span)?;
+            let outputs = self.inner.worker_outputs(
+                &args,
+                &request,
+                &answer,
+                &before.device,
+                &before.span,
+            )?;
             drop(answer);
             self.after(&args, before, outputs)
         })

@@ -82,7 +82,12 @@ impl PyOp {
 
     /// A forward call's end: the outputs put into the graph behind the op's own node, when it
     /// has one and an input is tracked.
-    pub(crate) fn after(&self, args: &[Arg<'_>], before: Before, outputs: Outputs) -> Result<Outputs> {
+    pub(crate) fn after(
+        &self,
+        args: &[Arg<'_>],
+        before: Before,
+        outputs: Outputs,
+    ) -> Result<Outputs> {
         if before.needs_node {
             autograd::attach(&self.inner, args, before.prepared, outputs.into_vec())
                 .map(Outputs::from_vec)

@@ -356,10 +356,7 @@ pub(crate) fn run_limited<'py>(
 ) -> Result<Bound<'py, PyAny>> {
     // `Duration::MAX` and other limits past the end of time: no limit.
     let deadline = limit.and_then(|l| Instant::now().checked_add(l));
-    let interrupt = INTERRUPT
-        .try_with(|i| i.borrow_mut().take())
-        .ok()
-        .flatten();
+    let interrupt = INTERRUPT.try_with(|i| i.borrow_mut().take()).ok().flatten();
     if deadline.is_none() && interrupt.is_none() {
         return caught(op, body).and_then(|r| r.map_err(|e| python_error(py, op, e)));
     }

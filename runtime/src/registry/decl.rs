@@ -340,7 +340,10 @@ impl StaticOp {
             device,
             timeout: None,
         };
-        let built = self.op.get().map(|op| op.call_async_outputs(args, &options));
+        let built = self
+            .op
+            .get()
+            .map(|op| op.call_async_outputs(args, &options));
         let later = built
             .is_none()
             .then(|| (crate::op::awaited::OwnedArgs::new(args), device.cloned()));

@@ -52,7 +52,9 @@ impl Wait for Reactor {
     ) -> Result<(), RecvError> {
         debug_assert_eq!(
             rustix::fs::fstat(sock.as_fd()).map(|s| s.st_ino).ok(),
-            rustix::fs::fstat(self.0.sock.as_fd()).map(|s| s.st_ino).ok(),
+            rustix::fs::fstat(self.0.sock.as_fd())
+                .map(|s| s.st_ino)
+                .ok(),
             "the registered socket is the worker's"
         );
         loop {

@@ -333,7 +333,11 @@ impl OpInner {
     }
 
     /// A worker of the op's pool for one call, started if none is idle (without the GIL).
-    pub(crate) fn lease(&self, workers: &Workers, launch: &crate::worker::exchange::Launch) -> Result<Lease> {
+    pub(crate) fn lease(
+        &self,
+        workers: &Workers,
+        launch: &crate::worker::exchange::Launch,
+    ) -> Result<Lease> {
         let lease = workers
             .pool
             .checkout(launch)
