@@ -4,6 +4,7 @@
 //! `candle_plus1_N` is candle's own `x + 1` called from Rust: what tensor mode's `x + 1` body
 //! costs without pyop. `DEVICE=cuda` runs the op cases on the GPU (with `--features cuda`).
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use pyop::candle::{DType, Device, Tensor, Var};
@@ -611,6 +612,68 @@ fn scalar_group(n: usize, suffix: &str) -> Vec<(String, Duration)> {
         .collect()
 }
 
+/// Awaited calls on tokio's multi-thread runtime (2 worker threads), each from a spawned task
+/// awaiting `n` chained calls, measured in turns (as [`scalar_group`]): `async_ident_1` (the
+/// scalar tensor-mode op's `_async` sibling), `spawn_blocking_ident_1` (its sync function through
+/// `spawn_blocking`, what a tokio program does without `_async`), `async_worker_ident_1` (the
+/// worker op's sibling) and `sync_worker_ident_1` (the worker op called in the task itself, a
+/// runtime thread blocked for the round trip). Median per-call times of the [`wanted`] ones.
+fn awaited_group(n: usize) -> Vec<(String, Duration)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    type Call = fn(Tensor) -> std::pin::Pin<Box<dyn Future<Output = Tensor> + Send>>;
+    let mut cases: Vec<(&str, Call)> = vec![
+        ("async_ident_1", |a| {
+            Box::pin(async move { tensor_ident_async(&a).await.unwrap() })
+        }),
+        ("spawn_blocking_ident_1", |a| {
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || tensor_ident(&a).unwrap())
+                    .await
+                    .unwrap()
+            })
+        }),
+        ("async_worker_ident_1", |a| {
+            Box::pin(async move { worker_ident_async(&a).await.unwrap() })
+        }),
+        ("sync_worker_ident_1", |a| {
+            Box::pin(async move { worker_ident(&a).unwrap() })
+        }),
+    ];
+    cases.retain(|(name, _)| wanted(name));
+    // One run: a spawned task awaiting `n` chained calls.
+    let timed = |call: Call, n: usize| -> Duration {
+        let x = x.clone();
+        rt.block_on(rt.spawn(async move {
+            let mut a = x;
+            let started = Instant::now();
+            for _ in 0..n {
+                a = call(a).await;
+            }
+            started.elapsed()
+        }))
+        .unwrap()
+    };
+    for &(_, call) in &cases {
+        timed(call, n.max(3));
+    }
+    let mut times = vec![Vec::new(); cases.len()];
+    for _ in 0..reps() {
+        for (&(_, call), times) in cases.iter().zip(&mut times) {
+            times.push(timed(call, n) / n as u32);
+        }
+    }
+    cases
+        .into_iter()
+        .zip(times)
+        .map(|((name, _), times)| (name.to_owned(), median(times)))
+        .collect()
+}
+
 /// `contended_ident_8threads`: 8 threads call the scalar tensor-mode op at once (after a
 /// barrier), `calls` calls each; every call timed alone. Prints the median, p99 and p999 of the
 /// calls and the calls per second in all: how the GIL is handed over under contention.
@@ -799,6 +862,13 @@ fn main() {
                 let x = Tensor::zeros(1, DType::F32, &device()).unwrap();
                 place.run(move || chained(n, &x, worker_ident))
             });
+        }
+    }
+    if device().is_cpu() {
+        for (case, per_call) in awaited_group(n) {
+            if !warming_up() {
+                println!("case={case} median_us={:.3}", per_call.as_secs_f64() * 1e6);
+            }
         }
     }
     let case = "contended_ident_8threads";
