@@ -616,8 +616,9 @@ fn scalar_group(n: usize, suffix: &str) -> Vec<(String, Duration)> {
 /// awaiting `n` chained calls, measured in turns (as [`scalar_group`]): `async_ident_1` (the
 /// scalar tensor-mode op's `_async` sibling), `spawn_blocking_ident_1` (its sync function through
 /// `spawn_blocking`, what a tokio program does without `_async`), `async_worker_ident_1` (the
-/// worker op's sibling) and `sync_worker_ident_1` (the worker op called in the task itself, a
-/// runtime thread blocked for the round trip). Median per-call times of the [`wanted`] ones.
+/// worker op's sibling), `sync_worker_ident_1` (the worker op called in the task itself, a
+/// runtime thread blocked for the round trip) and `spawn_blocking_worker_ident_1` (it through
+/// `spawn_blocking`). Median per-call times of the [`wanted`] ones.
 fn awaited_group(n: usize) -> Vec<(String, Duration)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -642,6 +643,13 @@ fn awaited_group(n: usize) -> Vec<(String, Duration)> {
         }),
         ("sync_worker_ident_1", |a| {
             Box::pin(async move { worker_ident(&a).unwrap() })
+        }),
+        ("spawn_blocking_worker_ident_1", |a| {
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || worker_ident(&a).unwrap())
+                    .await
+                    .unwrap()
+            })
         }),
     ];
     cases.retain(|(name, _)| wanted(name));

@@ -28,6 +28,36 @@ fn f64s(v: &[f64]) -> Tensor {
     Tensor::new(v, &cpu()).unwrap()
 }
 
+/// A future's output, and how long its longest poll took: how long it held the thread that
+/// polled it.
+struct LongestPoll<F> {
+    inner: std::pin::Pin<Box<F>>,
+    longest: Duration,
+}
+
+impl<F> LongestPoll<F> {
+    fn new(inner: F) -> Self {
+        LongestPoll {
+            inner: Box::pin(inner),
+            longest: Duration::ZERO,
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for LongestPoll<F> {
+    type Output = (F::Output, Duration);
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let started = Instant::now();
+        let polled = self.inner.as_mut().poll(cx);
+        self.longest = self.longest.max(started.elapsed());
+        polled.map(|out| (out, self.longest))
+    }
+}
+
 /// The descriptors the program has open, by number.
 fn open_fds() -> Vec<String> {
     let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
@@ -186,24 +216,56 @@ fn a_thousand_awaited_worker_calls_need_no_thread_each_and_block_no_runtime_thre
     };
     let stop = Arc::new(AtomicBool::new(false));
     let heartbeat = rt.spawn(heartbeat(Arc::clone(&stop)));
+    // Meanwhile a thread of the program's runs Python-bound bodies in the program, holding the
+    // GIL most of the time: no runtime thread may wait for it.
+    let python_bound = PyOp::builder("python_bound")
+        .code("def python_bound(x):\n    n = 0\n    for i in range(300_000):\n        n += i\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let busy = {
+        let stop = Arc::clone(&stop);
+        let x = x.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                python_bound.call(&[Arg::from(&x)]).unwrap();
+            }
+        })
+    };
     let calls: Vec<_> = (0..1000i64)
-        .map(|i| rt.spawn(op.call_async(&[Arg::from(&x), Arg::from(i)])))
+        .map(|i| {
+            rt.spawn(LongestPoll::new(
+                op.call_async(&[Arg::from(&x), Arg::from(i)]),
+            ))
+        })
         .collect();
     let most_threads = std::fs::read_dir("/proc/self/task").unwrap().count();
     let results = rt.block_on(async {
         let mut out = Vec::new();
         for c in calls {
-            out.push(c.await.unwrap().unwrap().remove(0));
+            let (y, longest) = c.await.unwrap();
+            out.push((y.unwrap().remove(0), longest));
         }
         out
     });
+    let (results, mut longest): (Vec<_>, Vec<_>) = results.into_iter().unzip();
     stop.store(true, Ordering::Relaxed);
     let late = rt.block_on(heartbeat).unwrap();
+    busy.join().unwrap();
     for (i, y) in results.iter().enumerate() {
         let i = i as f64;
         assert_eq!(y.to_vec1::<f64>().unwrap(), [0.5 + i, 1.5 + i]);
     }
     assert_eq!(pool.stats().calls, 1000);
+    // No poll waits for the GIL the Python-bound bodies hold (it would take the interpreter's
+    // switch interval, milliseconds): the read-back goes to pyop's threads then.
+    longest.sort();
+    assert!(
+        longest[longest.len() * 9 / 10] < Duration::from_millis(1),
+        "polls of up to {:?} (p90 {:?})",
+        longest.last().unwrap(),
+        longest[longest.len() * 9 / 10]
+    );
     // No thread per call: the reactor's and pyop's few at most.
     assert!(
         most_threads <= threads_before + 8,

@@ -119,8 +119,10 @@ impl PyOp {
             .instrument(before.span.clone())
             .await?;
         drop(args);
-        // The reply read back and checked, and the outputs put into the graph, with the GIL.
-        gil(move || {
+        // The reply read back and checked, and the outputs put into the graph, with the GIL:
+        // here when no other thread is inside pyop's door into Python (short work of pyop's own:
+        // a handover to pyop's thread and back costs two thread wake-ups), else there.
+        let read_back = move || {
             let args = owned.args();
             let span = before.span.clone();
             let _entered = span.enter();
@@ -133,8 +135,11 @@ impl PyOp {
             )?;
             drop(answer);
             self.after(&args, before, outputs)
-        })
-        .await
+        };
+        match crate::python::alone() {
+            Some(_alone) => read_back(),
+            None => gil(read_back).await,
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub(crate) mod thread_state;
 pub(crate) mod timeout;
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 
@@ -33,8 +34,38 @@ pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
     if !thread_state::holds_gil() {
         let _ = TAKEN.try_with(|t| t.set(t.get() + 1));
         thread_state::keep();
+        INSIDE.fetch_add(1, Ordering::AcqRel);
+        let _inside = Inside;
+        return Python::attach(f);
     }
     Python::attach(f)
+}
+
+/// Threads inside [`attach`] now (holding the GIL or waiting for it), and [`Alone`] claims.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Counted in [`INSIDE`] while alive.
+struct Inside;
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A claim that no other thread is inside pyop's door into Python (see [`alone`]); others that
+/// come while it lives wait for the GIL as usual.
+pub(crate) struct Alone(#[allow(dead_code)] Inside);
+
+/// Claims, if no thread is inside [`attach`], that none is: the GIL is then free but for a
+/// thread pyop did not put there (a Python thread running Python of its own, which gives it up
+/// within the interpreter's switch interval). An awaited call takes the GIL on a runtime's
+/// thread only under this claim, for work of its own that is short (a worker's reply read back).
+pub(crate) fn alone() -> Option<Alone> {
+    INSIDE
+        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+        .ok()
+        .map(|_| Alone(Inside))
 }
 
 /// How many times this thread has taken the GIL through [`attach`] so far.

@@ -1,8 +1,8 @@
 //! How an awaited call waits for its worker's reply: the worker's socket and pidfd registered
 //! with a reactor (async-io's, one thread for every call in flight, whatever executor polls the
-//! future), and the same pacing as a blocked caller's (`pace`): asleep until shortly before the
-//! reply is due, checking for it during its window, by polling again at once (the executor runs
-//! its other tasks in between).
+//! future), and the pacing of a blocked caller's (`pace`), with a longer window: asleep until
+//! the reply is due, checking for it during its window in turns, between which the executor runs
+//! its other tasks.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -14,6 +14,13 @@ use futures_lite::future;
 
 use super::pace::Spin;
 use super::wire::{ready_now, RecvError, Wait};
+
+/// How long at least a task checks for a reply before it sleeps (`pace`'s longest window).
+const TASK_SPIN: std::time::Duration = super::pace::MAX_SPIN;
+
+/// How long a task checks for a reply before it lets its executor run other tasks: tokio's
+/// guidance for the time between two awaits.
+const IN_PLACE: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// A worker's socket and pidfd (copies of their descriptors), registered with the reactor.
 #[derive(Clone)]
@@ -57,6 +64,18 @@ impl Wait for Reactor {
                 .ok(),
             "the registered socket is the worker's"
         );
+        // A task that sleeps is woken through the reactor: two thread wake-ups (the reactor's
+        // thread, then the executor's) where a blocked caller has one. So it checks from the
+        // start, for at least `TASK_SPIN`, in turns of `IN_PLACE` between which its executor
+        // runs its other tasks (`spin_window`); not at all while the machine's CPUs are all
+        // busy (the window is empty then). Measured with tokio's multi-thread runtime (2
+        // threads, 2 CPUs): 1.2-1.3x a blocked caller's round trip; with `pace`'s window alone,
+        // 1.55-1.95x.
+        if spin.until > spin.from {
+            let start = Instant::now();
+            spin.from = spin.from.min(start);
+            spin.until = spin.until.max(start + TASK_SPIN);
+        }
         loop {
             if let Some(r) = ready_now(sock, alive) {
                 return r;
@@ -67,6 +86,16 @@ impl Wait for Reactor {
             }
             let window = spin.until > spin.from;
             if window && now >= spin.from && now < spin.until {
+                // Checked in place for a while, then the executor runs its other tasks: a yield
+                // on a work-stealing runtime wakes another of its threads to steal this task
+                // (tokio's multi-thread runtime does), a thread wake-up for every yield.
+                let stop = spin.until.min(now + IN_PLACE);
+                while Instant::now() < stop {
+                    if let Some(r) = ready_now(sock, alive) {
+                        return r;
+                    }
+                    std::hint::spin_loop();
+                }
                 future::yield_now().await;
                 continue;
             }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 pub(crate) const FIRST_SPIN: Duration = Duration::from_micros(50);
 /// The longest a caller checks for a reply in one wait: a body whose length varies more than
 /// this is waited for asleep.
-const MAX_SPIN: Duration = Duration::from_micros(600);
+pub(crate) const MAX_SPIN: Duration = Duration::from_micros(600);
 /// How long spinning stays off once the machine was seen oversubscribed.
 pub(crate) const BACK_OFF: Duration = Duration::from_millis(20);
 /// How many functions' estimates a worker keeps (the most recently called).
