@@ -187,6 +187,16 @@ fn threads_example_counts_every_call() {
 }
 
 #[test]
+fn async_server_answers_every_connection() {
+    let out = example_with("async_server", &[("PYOP_EXAMPLE_CONNECTIONS", "40")]);
+    assert!(
+        out.starts_with("served 80 requests from 40 connections at once: every answer right\n"),
+        "{out}"
+    );
+    assert!(out.contains("\nheartbeat: "), "{out}");
+}
+
+#[test]
 fn workers_example_runs_the_op_in_both_places() {
     let out = example_with("workers", &[("PYOP_EXAMPLE_CALLS", "10")]);
     assert!(

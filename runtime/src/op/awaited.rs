@@ -136,7 +136,8 @@ impl PyOp {
             drop(answer);
             self.after(&args, before, outputs)
         };
-        match crate::python::alone() {
+        // (The first read-back imports NumPy in the program: milliseconds, on pyop's threads.)
+        match crate::python::alone().filter(|_| crate::python::numpy::imported()) {
             Some(_alone) => read_back(),
             None => gil(read_back).await,
         }

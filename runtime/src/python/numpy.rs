@@ -9,11 +9,23 @@ use crate::error::{Error, ErrorKind, Result};
 
 static NUMPY: PyOnceLock<()> = PyOnceLock::new();
 
+/// Set once [`ensure_numpy`] has imported NumPy: read without the GIL.
+static IMPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether NumPy has been imported here already (an import takes milliseconds: an awaited call
+/// leaves it to pyop's threads).
+pub(crate) fn imported() -> bool {
+    IMPORTED.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Checks that NumPy imports, once per process; rust-numpy panics if it does not.
 pub(crate) fn ensure_numpy(py: Python<'_>, op: Option<&str>) -> Result<()> {
     NUMPY
         .get_or_try_init(py, || match import_numpy(py) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                IMPORTED.store(true, std::sync::atomic::Ordering::Release);
+                Ok(())
+            }
             Err(e) => {
                 let (used, fix, note) = match super::env::current(py) {
                     Some(env) => (
