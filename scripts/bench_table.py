@@ -126,6 +126,27 @@ if contended:
         f"p999 {fmt(p999)}, {rate:,.0f} calls/s"
     )
 
+# Awaited calls (the guide's "Async"): each against the way a tokio program calls without them.
+awaited = [
+    ("async_ident_1", "spawn_blocking_ident_1", 0.5, "in-program op awaited ÷ `spawn_blocking`"),
+    ("async_worker_ident_1", "sync_worker_ident_1", 1.2, "worker op awaited ÷ blocked round trip"),
+    (
+        "async_worker_ident_1",
+        "spawn_blocking_worker_ident_1",
+        None,
+        "worker op awaited ÷ `spawn_blocking`",
+    ),
+]
+for got, base, target, label in awaited:
+    if got in pyop and base in pyop:
+        r = pyop[got] / pyop[base]
+        verdict = (
+            ""
+            if target is None
+            else f"; target ≤ {target}×: {'met' if r <= target else '**missed**'}"
+        )
+        print(f"- {label}: {fmt(pyop[got])} ÷ {fmt(pyop[base])} = {r:.2f}×{verdict}")
+
 # Outputs at memory speed: the `out` path, a returned array (adopted without a copy), the copy
 # path proper (the body kept a reference) and its slower forms, against the plain NumPy body, a
 # bare copy into the same kind of memory, and TF.

@@ -132,6 +132,7 @@ pub mod guide {
         gradients => "gradients.md",
         errors => "errors.md",
         executor => "executor.md",
+        r#async => "async.md",
         tools => "tools.md",
         python_environment => "python-environment.md",
         workers => "workers.md",
