@@ -565,6 +565,44 @@ fn ray_pools_child() {
     assert_eq!(pool.stats().started, 2);
     assert!(pool.stats().bytes_in >= 1600 * 12, "{:?}", pool.stats());
 
+    // Awaited: 200 calls in flight on a 2-thread runtime, every result exact; one dropped
+    // mid-call kills its actor's relay (and the actor with it), and the next call gets another.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..200i64)
+        .map(|k| rt.spawn(double.call_async(&[Arg::from(&x), Arg::from(k)])))
+        .collect();
+    for (k, call) in calls.into_iter().enumerate() {
+        let y = rt.block_on(call).unwrap().unwrap();
+        let kf = k as f32;
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2. + kf, 4. + kf, 6. + kf]);
+    }
+    let sleepy = ray_op(
+        &pool,
+        "sleepy",
+        "import time\ndef f(x, t):\n    time.sleep(t)\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    let call = rt.spawn(sleepy.call_async(&[Arg::from(&x), Arg::from(30.0)]));
+    let t = Instant::now();
+    while pool.stats().busy == 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", pool.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    call.abort();
+    assert!(rt.block_on(call).unwrap_err().is_cancelled());
+    assert_eq!(pool.stats().cancelled, 1, "{:?}", pool.stats());
+    let y = rt
+        .block_on(sleepy.call_async(&[Arg::from(&x), Arg::from(0.0)]))
+        .unwrap();
+    assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1., 2., 3.]);
+    assert_eq!(pool.stats().started, 3, "{:?}", pool.stats());
+    drop((sleepy, rt));
+
     // A time limit kills the actor; the next call gets a new one.
     let slow = PyOp::builder("slow")
         .code("import time\ndef slow(x, t):\n    time.sleep(t)\n    return x")

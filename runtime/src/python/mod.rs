@@ -31,13 +31,12 @@ thread_local! {
 /// Python thread state between calls (`thread_state`), so a call from any thread costs what it
 /// costs on the main thread.
 pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
-    if !thread_state::holds_gil() {
+    let _inside = (!thread_state::holds_gil()).then(|| {
         let _ = TAKEN.try_with(|t| t.set(t.get() + 1));
         thread_state::keep();
         INSIDE.fetch_add(1, Ordering::AcqRel);
-        let _inside = Inside;
-        return Python::attach(f);
-    }
+        Inside
+    });
     Python::attach(f)
 }
 
