@@ -80,8 +80,9 @@ pub use pyop_runtime::{
     expose, gradcheck, manifest_json, op_stats, python_env, registered_op, registered_ops,
     set_hot_reload, set_timing, validate, validation_report, Arg, CallOptions, EnvSource, Error,
     ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Interpreter, Mode, OpBuilder, OpDecl,
-    OpRef, OpStats, OutSpec, PoolStats, Problem, PyOp, PythonEnv, RayActor, RayPool, Result,
-    RustGradient, Source, SourceDecl, StaticOp, Validate, ValidationReport, Value, WorkerPool,
+    OpFuture, OpRef, OpStats, OutSpec, PoolStats, Problem, PyOp, PythonEnv, RayActor, RayPool,
+    Result, RustGradient, Source, SourceDecl, StaticOp, Validate, ValidationReport, Value,
+    WorkerPool,
 };
 
 /// candle-core 0.11, as pyop uses it: `pyop::candle::{Device, DType, Var, …}`.

@@ -284,6 +284,43 @@ fn a_thousand_awaited_worker_calls_need_no_thread_each_and_block_no_runtime_thre
     );
 }
 
+/// CPU time this process has used (all its threads).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let r = unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut r);
+        r
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(r.ru_utime) + tv(r.ru_stime)
+}
+
+#[test]
+fn a_long_worker_body_awaited_is_waited_for_asleep() {
+    let _serial = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "long",
+        "import time\ndef f(x):\n    time.sleep(0.3)\n    return x",
+        &[OutSpec::new(DType::F64)],
+    );
+    let x = f64s(&[1.0]);
+    let rt = runtime(2);
+    // The first call teaches the worker's pace how long the body takes.
+    rt.block_on(op.call_async(&[Arg::from(&x)])).unwrap();
+    let (wall, cpu) = (Instant::now(), cpu_time());
+    rt.block_on(op.call_async(&[Arg::from(&x)])).unwrap();
+    let (wall, cpu) = (wall.elapsed(), cpu_time() - cpu);
+    assert!(wall >= Duration::from_millis(300), "{wall:?}");
+    // Checking for the reply for the body's whole length would use ~300 ms of CPU.
+    assert!(
+        cpu < Duration::from_millis(60),
+        "{cpu:?} of CPU in {wall:?}"
+    );
+}
+
 #[test]
 fn dropping_an_awaited_worker_call_kills_its_worker_and_leaves_nothing_behind() {
     let _serial = serial();
@@ -380,6 +417,31 @@ fn a_worker_started_for_a_dropped_call_serves_the_next() {
 }
 
 #[test]
+fn awaited_bodies_that_release_the_gil_overlap() {
+    let _serial = serial();
+    let op = PyOp::builder("nap")
+        .code("import time\ndef nap(x):\n    time.sleep(0.3)\n    return x")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let x = f64s(&[1.0]);
+    let rt = runtime(2);
+    // Sent back to back: each gets a thread of pyop's (at least 2 run).
+    let started = Instant::now();
+    let calls: Vec<_> = (0..2)
+        .map(|_| rt.spawn(op.call_async(&[Arg::from(&x)])))
+        .collect();
+    for c in calls {
+        rt.block_on(c).unwrap().unwrap();
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(550),
+        "{took:?}: one after the other"
+    );
+}
+
+#[test]
 fn dropping_an_awaited_call_interrupts_its_body_in_the_program() {
     let _serial = serial();
     let op = PyOp::builder("busy")
@@ -428,6 +490,13 @@ impl Model {
     fn shifted(x: &Tensor) -> pyop::Result<Tensor>;
 }
 
+struct Generic<T>(std::marker::PhantomData<T>);
+
+impl<T> Generic<T> {
+    #[py_op(code = "def negated(x):\n    return -x", tout = f64)]
+    fn negated(x: &Tensor) -> pyop::Result<Tensor>;
+}
+
 #[test]
 fn py_op_functions_have_an_async_sibling() {
     let _serial = serial();
@@ -438,6 +507,10 @@ fn py_op_functions_have_an_async_sibling() {
     // An associated function's sibling is one too.
     let y = rt.block_on(Model::shifted_async(&x)).unwrap();
     assert_eq!(y.to_vec1::<f64>().unwrap(), [2.0, 3.0, 4.0]);
+    // One of a generic type's too; the future is a named type, `Send` and `'static`.
+    let call: pyop::OpFuture<pyop::Result<Tensor>> = Generic::<u8>::negated_async(&x);
+    let y = rt.block_on(rt.spawn(call)).unwrap().unwrap();
+    assert_eq!(y.to_vec1::<f64>().unwrap(), [-1.0, -2.0, -3.0]);
     // The future owns its arguments: the input may go before it is awaited.
     let later = split_async(&x);
     drop(x);

@@ -566,7 +566,7 @@ fn ray_pools_child() {
     assert!(pool.stats().bytes_in >= 1600 * 12, "{:?}", pool.stats());
 
     // Awaited: 200 calls in flight on a 2-thread runtime, every result exact; one dropped
-    // mid-call kills its actor's relay (and the actor with it), and the next call gets another.
+    // mid-call kills its actor's relay (and the actor with it), and the next call works.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -600,7 +600,9 @@ fn ray_pools_child() {
         .block_on(sleepy.call_async(&[Arg::from(&x), Arg::from(0.0)]))
         .unwrap();
     assert_eq!(y[0].to_vec1::<f32>().unwrap(), [1., 2., 3.]);
-    assert_eq!(pool.stats().started, 3, "{:?}", pool.stats());
+    // (The pool's other actor took it: the pool starts one again when both are needed.)
+    let stats = pool.stats();
+    assert_eq!((stats.started, stats.running), (2, 1), "{stats:?}");
     drop((sleepy, rt));
 
     // A time limit kills the actor; the next call gets a new one.

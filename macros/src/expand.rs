@@ -56,6 +56,10 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
         syn::ReturnType::Default => quote!(()),
         syn::ReturnType::Type(_, ty) => quote!(#ty),
     };
+    let krate = match krate {
+        Some(k) => quote!(#k),
+        None => quote!(::pyop),
+    };
     quote! {
         #(#attrs)*
         #[allow(unused_variables, clippy::diverging_sub_expression)]
@@ -64,9 +68,8 @@ fn fallback(item: &Item, krate: Option<&syn::Path>) -> TokenStream {
         }
         #(#cfgs)*
         #[allow(unused_variables, dead_code, unreachable_pub, clippy::too_many_arguments)]
-        #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
-            + ::core::marker::Send + 'static + use<> {
-            async { ::core::unreachable!("#[py_op] declaration has errors") }
+        #vis fn #async_ident(#inputs) -> #krate::OpFuture<#output> {
+            ::core::unreachable!("#[py_op] declaration has errors")
         }
         #(#cfgs)*
         #[doc(hidden)]
@@ -154,7 +157,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
     let output = &f.output;
     let async_ident = format_ident!("{}_async", ident, span = ident.span());
     let async_doc = format!(
-        "[`{name}`] as a future: awaiting it blocks no thread of the caller's runtime, and \
+        "`{name}` as a future: awaiting it blocks no thread of the caller's runtime, and \
          dropping it cancels the call (see `PyOp::call_async`)."
     );
     let inputs = &sig.inputs;
@@ -199,8 +202,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
         #[doc = #async_doc]
         // As many parameters as the declaration, whose own lints its author has seen to.
         #[allow(dead_code, unreachable_pub, clippy::too_many_arguments)]
-        #vis fn #async_ident(#inputs) -> impl ::core::future::Future<Output = #output>
-            + ::core::marker::Send + 'static + use<> {
+        #vis fn #async_ident(#inputs) -> #krate::OpFuture<#output> {
             // The op the sync function declared, found as its handle finds it (the handle is not
             // callable by name from here when both are associated functions).
             static __PYOP_FOUND: ::std::sync::OnceLock<&'static #p::StaticOp> =
@@ -208,10 +210,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             let __pyop_op = __PYOP_FOUND.get_or_init(|| {
                 #p::declared_at(::core::module_path!(), ::core::file!(), #line, #name)
             });
-            let __pyop_call = __pyop_op.__call_async(&[#(#async_args),*], #device);
-            async move {
-                ::core::result::Result::Ok(#p::FromOutputs::from_outputs(__pyop_call.await?))
-            }
+            #krate::OpFuture::__new(__pyop_op.__call_async(&[#(#async_args),*], #device))
         }
         // The op's handle, which `pyop::op!(name)` calls: a sibling of the function (an
         // associated function beside it in an `impl`), finding the registry entry the function

@@ -55,6 +55,44 @@ pub use tools::validate::{
 };
 pub use worker::{PoolStats, RayActor, RayPool, WorkerPool};
 
+/// The future of a `#[py_op]` function's `_async` sibling: resolves to what the function
+/// returns (`R`, its declared `Result`). `Send` and `'static`; dropping it cancels the call (see
+/// [`PyOp::call_async`]).
+#[must_use = "a future does nothing unless awaited; dropping it cancels the call"]
+pub struct OpFuture<R> {
+    call: std::pin::Pin<Box<dyn std::future::Future<Output = Result<__private::Outputs>> + Send>>,
+    returns: std::marker::PhantomData<fn() -> R>,
+}
+
+impl<R> OpFuture<R> {
+    #[doc(hidden)]
+    pub fn __new(
+        call: impl std::future::Future<Output = Result<__private::Outputs>> + Send + 'static,
+    ) -> Self {
+        OpFuture {
+            call: Box::pin(call),
+            returns: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<R: __private::FromCall> std::future::Future for OpFuture<R> {
+    type Output = R;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<R> {
+        self.call.as_mut().poll(cx).map(R::from_call)
+    }
+}
+
+impl<R> std::fmt::Debug for OpFuture<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpFuture").finish_non_exhaustive()
+    }
+}
+
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
@@ -72,6 +110,18 @@ pub mod __private {
         // SAFETY: `src` is readable for its length in bytes.
         let v = unsafe { crate::alloc::copied_from_bytes::<f32>(src.as_ptr().cast(), src.len()) };
         Tensor::from_vec(v.expect("memory"), src.len(), &Device::Cpu).expect("shape")
+    }
+
+    /// Turns a call's result into the declared return type (`Result<T, E>` with `E` made from
+    /// pyop's error, as the function's `?` does).
+    pub trait FromCall: Sized {
+        fn from_call(result: crate::Result<Outputs>) -> Self;
+    }
+
+    impl<T: FromOutputs, E: From<crate::Error>> FromCall for std::result::Result<T, E> {
+        fn from_call(result: crate::Result<Outputs>) -> Self {
+            result.map(T::from_outputs).map_err(E::from)
+        }
     }
 
     /// Turns an op's output list into the declared return type.

@@ -1,8 +1,9 @@
 //! pyop's own threads for awaited calls: they wait for the GIL and run the Python part of a call
 //! (a body in the program, the read-back of a worker's reply), so that no thread of the caller's
-//! runtime ever waits for the GIL. A few threads, started as calls need them (the GIL runs one
-//! at a time; more let a body that releases it overlap another), each running one call at a
-//! time from one queue, in order.
+//! runtime ever waits for the GIL. Two lanes: bodies, on a few threads started as calls need
+//! them (the GIL runs one at a time; more let a body that releases it overlap another), and
+//! short work of pyop's own on a thread of its own, never queued behind a body. Each thread runs
+//! one job at a time from its lane's queue, in order.
 //!
 //! A result reaches its future through a [`Slot`]. A quick call's result comes sooner than a
 //! wake-up of the awaiting task's thread (tens of microseconds on a virtual machine), so a
@@ -150,9 +151,20 @@ impl<R> Drop for Landing<R> {
     }
 }
 
+/// Which of pyop's threads run a job: bodies (which may run long, and may wait for a worker), or
+/// short work of pyop's own (a worker's reply read back, an op built), which a thread of its own
+/// serves, so that it never waits behind a body, nor a body for a worker whose reply waits
+/// behind bodies.
+#[derive(Clone, Copy)]
+pub(crate) enum Lane {
+    Bodies,
+    Short,
+}
+
 /// Runs `f` on one of pyop's threads (interruptible by `interrupt` there, see `Interrupt::scope`)
 /// and returns the future of its result.
 pub(crate) fn run<R: Send + 'static>(
+    lane: Lane,
     interrupt: Interrupt,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> Landing<R> {
@@ -168,7 +180,7 @@ pub(crate) fn run<R: Send + 'static>(
             slot.make(|| interrupt.scope(f));
         })
     };
-    let queued_behind = threads().submit(job);
+    let queued_behind = threads(lane).submit(job);
     Landing {
         slot,
         interrupt,
@@ -188,12 +200,20 @@ pub(crate) fn on_own_thread<R: Send + 'static>(
 ) -> Landing<R> {
     let slot = Slot::new(Some(Box::new(orphan)));
     let maker = Arc::clone(&slot);
+    let job = Arc::new(Mutex::new(Some(f)));
+    let theirs = Arc::clone(&job);
     let spawned = std::thread::Builder::new()
         .name(name.to_owned())
-        .spawn(move || maker.make(f));
-    if let Err(e) = spawned {
-        let mut s = slot.lock();
-        s.value = Some(Err(Box::new(format!("cannot start a thread: {e}"))));
+        .spawn(move || {
+            if let Some(f) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                maker.make(f);
+            }
+        });
+    if spawned.is_err() {
+        // No thread to be had (the system's limit): run here, blocking, rather than never.
+        if let Some(f) = job.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            slot.make(f);
+        }
     }
     Landing {
         slot,
@@ -213,6 +233,7 @@ struct Threads {
     /// The queue's length, read without the lock by a thread checking for its next call.
     queued: AtomicUsize,
     most: usize,
+    name: &'static str,
 }
 
 struct Queue {
@@ -222,9 +243,14 @@ struct Queue {
     idle: usize,
 }
 
-fn threads() -> &'static Threads {
-    static THREADS: OnceLock<Threads> = OnceLock::new();
-    THREADS.get_or_init(|| Threads {
+fn threads(lane: Lane) -> &'static Threads {
+    static BODIES: OnceLock<Threads> = OnceLock::new();
+    static SHORT: OnceLock<Threads> = OnceLock::new();
+    let (lock, most, name) = match lane {
+        Lane::Bodies => (&BODIES, most_threads as fn() -> usize, "pyop-async"),
+        Lane::Short => (&SHORT, (|| 1) as fn() -> usize, "pyop-async-short"),
+    };
+    lock.get_or_init(|| Threads {
         queue: Mutex::new(Queue {
             jobs: VecDeque::new(),
             started: 0,
@@ -232,7 +258,8 @@ fn threads() -> &'static Threads {
         }),
         work: Condvar::new(),
         queued: AtomicUsize::new(0),
-        most: most_threads(),
+        most: most(),
+        name,
     })
 }
 
@@ -255,29 +282,32 @@ impl Threads {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `job`, starting a thread if none is free and fewer than the most run; whether
-    /// other calls were queued ahead of it.
+    /// Queues `job`, starting a thread if more jobs wait than threads are free and fewer than
+    /// the most run; whether other calls were queued ahead of it.
     fn submit(&'static self, job: Job) -> bool {
         let mut q = self.lock();
         let ahead = !q.jobs.is_empty();
         q.jobs.push_back(job);
         self.queued.store(q.jobs.len(), Ordering::Release);
-        if q.idle == 0 && q.started < self.most {
+        if q.jobs.len() > q.idle && q.started < self.most {
             q.started += 1;
             let n = q.started;
             q.idle += 1;
             drop(q);
             let spawned = std::thread::Builder::new()
-                .name(format!("pyop-async-{n}"))
+                .name(format!("{}-{n}", self.name))
                 .spawn(move || self.serve());
             if spawned.is_err() {
                 let mut q = self.lock();
                 q.started -= 1;
                 q.idle -= 1;
-                // The calls wait for a thread that frees up (there is none if this was the first).
                 if q.started == 0 {
+                    // No thread to be had (the system's limit) and none running: the jobs run
+                    // here, blocking, rather than never.
+                    let jobs = std::mem::take(&mut q.jobs);
+                    self.queued.store(0, Ordering::Release);
                     drop(q);
-                    panic!("pyop cannot start a thread for awaited calls");
+                    jobs.into_iter().for_each(|job| job());
                 }
             }
             return ahead;

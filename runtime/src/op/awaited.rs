@@ -19,6 +19,7 @@ use crate::arg::Arg;
 use crate::bridge::outputs::Outputs;
 use crate::error::Result;
 use crate::python::timeout::Interrupt;
+use crate::threads::Lane;
 
 impl PyOp {
     /// [`call`](Self::call) as a future: awaiting it blocks no thread of the caller's runtime
@@ -72,7 +73,7 @@ impl PyOp {
             if op.inner.workers.is_some() {
                 return op.awaited_in_worker(args, device, timeout).await;
             }
-            let call = crate::threads::run(Interrupt::default(), move || {
+            let call = crate::threads::run(Lane::Bodies, Interrupt::default(), move || {
                 let options = CallOptions {
                     device: device.as_ref(),
                     timeout,
@@ -144,9 +145,10 @@ impl PyOp {
     }
 }
 
-/// `f`'s result, `f` run on one of pyop's threads (it takes the GIL); a panic resumes here.
+/// `f`'s result, `f` (short work of pyop's own that takes the GIL) run on pyop's threads; a
+/// panic resumes here.
 pub(crate) async fn gil<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    crate::threads::run(Interrupt::default(), f)
+    crate::threads::run(Lane::Short, Interrupt::default(), f)
         .await
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }

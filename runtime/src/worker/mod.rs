@@ -28,6 +28,8 @@ pub(crate) mod wire;
 pub(crate) mod zygote;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use event_listener::IntoNotification;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -362,7 +364,8 @@ impl PoolInner {
         } else {
             self.freed.notify_all();
         }
-        self.freed_async.notify(n);
+        // `additional`: tasks notified before and not yet run do not count against `n`.
+        self.freed_async.notify(n.additional());
     }
 
     fn lease(self: &Arc<Self>, w: Worker) -> Lease {
@@ -411,7 +414,20 @@ impl WorkerPool {
                     let orphans = Arc::clone(p);
                     let started = crate::threads::on_own_thread(
                         "pyop-worker-start",
-                        move || pool.start(id, launch),
+                        // A start that panics gives its place back, as one that fails does.
+                        move || {
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                pool.start(id, launch)
+                            }))
+                            .unwrap_or_else(|panic| {
+                                pool.lock().live -= 1;
+                                pool.notify_freed(1);
+                                Err(StartError::Failed(format!(
+                                    "starting a worker panicked: {}",
+                                    crate::error::panic_message(&*panic)
+                                )))
+                            })
+                        },
                         // Started for a call that was dropped meanwhile: the next call's.
                         move |w: Result<Worker, StartError>| {
                             if let Ok(w) = w {
@@ -423,11 +439,11 @@ impl WorkerPool {
                     match started.await {
                         Ok(Ok(w)) => return Ok(p.lease(w)),
                         Ok(Err(e)) => return Err(e),
+                        // The start never ran (the closure above does not panic).
                         Err(panic) => {
-                            return Err(StartError::Failed(format!(
-                                "starting a worker panicked: {}",
-                                crate::error::panic_message(&*panic)
-                            )))
+                            p.lock().live -= 1;
+                            p.notify_freed(1);
+                            return Err(StartError::Failed(crate::error::panic_message(&*panic)));
                         }
                     }
                 }
