@@ -286,6 +286,18 @@ thread_local! {
     /// The interrupt of the call this thread runs for an awaited call: taken by the first body
     /// run under it (a nested op's call inside that body is not the awaited call).
     static INTERRUPT: std::cell::RefCell<Option<Interrupt>> = const { std::cell::RefCell::new(None) };
+    /// Whether `INTERRUPT` holds one: read first by every call (a plain flag, without the
+    /// destructor bookkeeping of `INTERRUPT`'s `Arc`).
+    static HAS_INTERRUPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread's interrupt, taken (see `INTERRUPT`).
+fn take_interrupt() -> Option<Interrupt> {
+    if !HAS_INTERRUPT.get() {
+        return None;
+    }
+    HAS_INTERRUPT.set(false);
+    INTERRUPT.try_with(|i| i.borrow_mut().take()).ok().flatten()
 }
 
 impl Interrupt {
@@ -295,10 +307,11 @@ impl Interrupt {
         struct Reset;
         impl Drop for Reset {
             fn drop(&mut self) {
-                let _ = INTERRUPT.try_with(|i| i.borrow_mut().take());
+                take_interrupt();
             }
         }
         INTERRUPT.with(|i| *i.borrow_mut() = Some(self.clone()));
+        HAS_INTERRUPT.set(true);
         let _reset = Reset;
         f()
     }
@@ -356,7 +369,7 @@ pub(crate) fn run_limited<'py>(
 ) -> Result<Bound<'py, PyAny>> {
     // `Duration::MAX` and other limits past the end of time: no limit.
     let deadline = limit.and_then(|l| Instant::now().checked_add(l));
-    let interrupt = INTERRUPT.try_with(|i| i.borrow_mut().take()).ok().flatten();
+    let interrupt = take_interrupt();
     if deadline.is_none() && interrupt.is_none() {
         return caught(op, body).and_then(|r| r.map_err(|e| python_error(py, op, e)));
     }
