@@ -141,3 +141,64 @@ impl<'a> Arg<'a> {
         }
     }
 }
+
+/// An argument kept beyond the call's borrows: its plain values copied, a tensor as `T` and a
+/// list of tensors as `L` (the tensors themselves for an awaited call's future; nothing, and
+/// the count, for an autograd node, which keeps the tensors apart).
+#[derive(Clone, Debug)]
+pub(crate) enum Kept<T, L> {
+    Tensor(T),
+    Tensors(L),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+    Str(String),
+    F64s(Vec<f64>),
+    I64s(Vec<i64>),
+    U64(u64),
+    Usizes(Vec<usize>),
+    F32s(Vec<f32>),
+    None,
+}
+
+impl<T, L> Kept<T, L> {
+    /// `arg` kept, its tensor or list as `tensor` or `tensors` keeps it.
+    pub(crate) fn new(
+        arg: &Arg<'_>,
+        tensor: impl FnOnce(&Tensor) -> T,
+        tensors: impl FnOnce(&[Tensor]) -> L,
+    ) -> Self {
+        match *arg {
+            Arg::Tensor(t) => Kept::Tensor(tensor(t)),
+            Arg::Tensors(ts) => Kept::Tensors(tensors(ts)),
+            Arg::F64(v) => Kept::F64(v),
+            Arg::I64(v) => Kept::I64(v),
+            Arg::Bool(v) => Kept::Bool(v),
+            Arg::Str(v) => Kept::Str(v.to_owned()),
+            Arg::F64s(v) => Kept::F64s(v.to_vec()),
+            Arg::I64s(v) => Kept::I64s(v.to_vec()),
+            Arg::U64(v) => Kept::U64(v),
+            Arg::Usizes(v) => Kept::Usizes(v.to_vec()),
+            Arg::F32s(v) => Kept::F32s(v.to_vec()),
+            Arg::None => Kept::None,
+        }
+    }
+
+    /// The argument again when it is a plain value; `None` for a tensor or a list (its keeper
+    /// gives those).
+    pub(crate) fn plain(&self) -> Option<Arg<'_>> {
+        Some(match self {
+            Kept::Tensor(_) | Kept::Tensors(_) => return None,
+            Kept::F64(v) => Arg::F64(*v),
+            Kept::I64(v) => Arg::I64(*v),
+            Kept::Bool(v) => Arg::Bool(*v),
+            Kept::Str(v) => Arg::Str(v),
+            Kept::F64s(v) => Arg::F64s(v),
+            Kept::I64s(v) => Arg::I64s(v),
+            Kept::U64(v) => Arg::U64(*v),
+            Kept::Usizes(v) => Arg::Usizes(v),
+            Kept::F32s(v) => Arg::F32s(v),
+            Kept::None => Arg::None,
+        })
+    }
+}

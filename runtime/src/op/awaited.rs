@@ -15,7 +15,7 @@ use std::future::Future;
 use candle_core::{Device, Tensor};
 
 use super::{CallOptions, PyOp};
-use crate::arg::Arg;
+use crate::arg::{Arg, Kept};
 use crate::bridge::outputs::Outputs;
 use crate::error::Result;
 use crate::python::timeout::Interrupt;
@@ -108,11 +108,11 @@ impl PyOp {
         };
         let request = op.worker_request(&args, &before.prepared, body)?;
         // How workers start is found once, with the GIL.
-        let launch = match super::worker_call::launch_found() {
+        let launch = match super::worker_call::launch::found() {
             Some(l) => l,
             None => {
                 let me = self.clone();
-                gil(move || super::worker_call::launch_now(&me.inner.name)).await?
+                gil(move || super::worker_call::launch::launch(&me.inner.name)).await?
             }
         };
         let answer = op
@@ -125,8 +125,7 @@ impl PyOp {
         // a handover to pyop's thread and back costs two thread wake-ups), else there.
         let read_back = move || {
             let args = owned.args();
-            let span = before.span.clone();
-            let _entered = span.enter();
+            let _entered = before.span.enter();
             let outputs = self.inner.worker_outputs(
                 &args,
                 &request,
@@ -135,7 +134,7 @@ impl PyOp {
                 &before.span,
             )?;
             drop(answer);
-            self.after(&args, before, outputs)
+            self.after(&args, before.needs_node, before.prepared, outputs)
         };
         // (The first read-back imports NumPy in the program: milliseconds, on pyop's threads.)
         match crate::python::alone().filter(|_| crate::python::numpy::imported()) {
@@ -154,41 +153,13 @@ pub(crate) async fn gil<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'stati
 }
 
 /// A call's arguments, owned: an awaited call's future outlives the caller's borrows.
-pub(crate) struct OwnedArgs(smallvec::SmallVec<[Owned; 4]>);
-
-enum Owned {
-    Tensor(Tensor),
-    Tensors(Vec<Tensor>),
-    F64(f64),
-    I64(i64),
-    Bool(bool),
-    Str(String),
-    F64s(Vec<f64>),
-    I64s(Vec<i64>),
-    U64(u64),
-    Usizes(Vec<usize>),
-    F32s(Vec<f32>),
-    None,
-}
+pub(crate) struct OwnedArgs(smallvec::SmallVec<[Kept<Tensor, Vec<Tensor>>; 4]>);
 
 impl OwnedArgs {
     pub(crate) fn new(args: &[Arg<'_>]) -> OwnedArgs {
         OwnedArgs(
             args.iter()
-                .map(|a| match *a {
-                    Arg::Tensor(t) => Owned::Tensor(t.clone()),
-                    Arg::Tensors(ts) => Owned::Tensors(ts.to_vec()),
-                    Arg::F64(v) => Owned::F64(v),
-                    Arg::I64(v) => Owned::I64(v),
-                    Arg::Bool(v) => Owned::Bool(v),
-                    Arg::Str(v) => Owned::Str(v.to_owned()),
-                    Arg::F64s(v) => Owned::F64s(v.to_vec()),
-                    Arg::I64s(v) => Owned::I64s(v.to_vec()),
-                    Arg::U64(v) => Owned::U64(v),
-                    Arg::Usizes(v) => Owned::Usizes(v.to_vec()),
-                    Arg::F32s(v) => Owned::F32s(v.to_vec()),
-                    Arg::None => Owned::None,
-                })
+                .map(|a| Kept::new(a, Tensor::clone, <[Tensor]>::to_vec))
                 .collect(),
         )
     }
@@ -197,19 +168,10 @@ impl OwnedArgs {
     pub(crate) fn args(&self) -> smallvec::SmallVec<[Arg<'_>; 4]> {
         self.0
             .iter()
-            .map(|o| match o {
-                Owned::Tensor(t) => Arg::Tensor(t),
-                Owned::Tensors(ts) => Arg::Tensors(ts),
-                Owned::F64(v) => Arg::F64(*v),
-                Owned::I64(v) => Arg::I64(*v),
-                Owned::Bool(v) => Arg::Bool(*v),
-                Owned::Str(v) => Arg::Str(v),
-                Owned::F64s(v) => Arg::F64s(v),
-                Owned::I64s(v) => Arg::I64s(v),
-                Owned::U64(v) => Arg::U64(*v),
-                Owned::Usizes(v) => Arg::Usizes(v),
-                Owned::F32s(v) => Arg::F32s(v),
-                Owned::None => Arg::None,
+            .map(|k| match k {
+                Kept::Tensor(t) => Arg::Tensor(t),
+                Kept::Tensors(ts) => Arg::Tensors(ts),
+                plain => plain.plain().expect("a plain value"),
             })
             .collect()
     }

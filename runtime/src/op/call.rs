@@ -62,8 +62,7 @@ impl PyOp {
     fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Outputs> {
         let op = &*self.inner;
         let before = op.before(args, options.device, options.timeout)?;
-        let span = before.span.clone();
-        let _entered = span.enter();
+        let _entered = before.span.enter();
         let outputs = match &op.workers {
             Some(workers) => op.run_in_worker(
                 workers,
@@ -77,7 +76,7 @@ impl PyOp {
                 op.run_body(py, args, &before.prepared, &before.device, before.timeout)
             })?,
         };
-        self.after(args, before, outputs)
+        self.after(args, before.needs_node, before.prepared, outputs)
     }
 
     /// A forward call's end: the outputs put into the graph behind the op's own node, when it
@@ -87,11 +86,12 @@ impl PyOp {
     pub(crate) fn after(
         &self,
         args: &[Arg<'_>],
-        before: Before,
+        needs_node: bool,
+        prepared: PreparedInputs,
         outputs: Outputs,
     ) -> Result<Outputs> {
-        if before.needs_node {
-            autograd::attach(&self.inner, args, before.prepared, outputs.into_vec())
+        if needs_node {
+            autograd::attach(&self.inner, args, prepared, outputs.into_vec())
                 .map(Outputs::from_vec)
                 .map_err(|e| e.in_op(&self.inner.name))
         } else {

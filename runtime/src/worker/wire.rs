@@ -277,26 +277,15 @@ fn wait_readable(
                 return Ok(());
             }
         }
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
         loop {
             let now = Instant::now();
             if now >= spin.until || deadline.is_some_and(|d| now >= d) {
                 break;
             }
-            let mut fds = poll_fds();
-            match poll(&mut fds, Some(&zero)) {
+            match ready_now(sock, alive) {
+                Some(r) => return r,
                 // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
-                Ok(0) => std::thread::yield_now(),
-                Ok(_) => {
-                    if let Some(r) = ready(&fds) {
-                        return r;
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(RecvError::Io(e.into())),
+                None => std::thread::yield_now(),
             }
         }
     }

@@ -51,7 +51,7 @@ impl Node {
         let mut lists = Vec::new();
         for v in &self.values {
             match v {
-                SavedArg::Tensor => next += 1,
+                SavedArg::Tensor(()) => next += 1,
                 SavedArg::Tensors(k) => {
                     lists.push(
                         self.prepared[next..next + k]
@@ -79,8 +79,8 @@ impl Node {
                     }
                     Arg::Tensors(lists.next().expect("one list per argument"))
                 }
-                SavedArg::Tensor => Arg::Tensor(tensors.next().expect("one per tensor")),
-                other => SavedArg::as_plain(other),
+                SavedArg::Tensor(()) => Arg::Tensor(tensors.next().expect("one per tensor")),
+                plain => plain.plain().expect("a plain value"),
             })
             .collect()
     }

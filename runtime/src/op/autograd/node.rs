@@ -4,7 +4,6 @@
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use super::pack::{unpack, Slot};
-use crate::arg::Arg;
 use crate::bridge::prepare::PreparedInputs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::op::gradient::Gradient;
@@ -154,56 +153,6 @@ impl Node {
     }
 }
 
-/// What a node keeps of a plain (non-tensor) argument, to pass it to the gradient again.
-#[derive(Clone, Debug)]
-pub(super) enum SavedArg {
-    Tensor,
-    Tensors(usize),
-    F64(f64),
-    I64(i64),
-    Bool(bool),
-    Str(String),
-    F64s(Vec<f64>),
-    I64s(Vec<i64>),
-    U64(u64),
-    Usizes(Vec<usize>),
-    F32s(Vec<f32>),
-    None,
-}
-
-impl SavedArg {
-    pub(super) fn from_arg(a: &Arg<'_>) -> SavedArg {
-        match a {
-            Arg::Tensor(_) => SavedArg::Tensor,
-            Arg::Tensors(ts) => SavedArg::Tensors(ts.len()),
-            Arg::F64(x) => SavedArg::F64(*x),
-            Arg::I64(x) => SavedArg::I64(*x),
-            Arg::Bool(x) => SavedArg::Bool(*x),
-            Arg::Str(s) => SavedArg::Str((*s).to_owned()),
-            Arg::F64s(v) => SavedArg::F64s(v.to_vec()),
-            Arg::I64s(v) => SavedArg::I64s(v.to_vec()),
-            Arg::U64(x) => SavedArg::U64(*x),
-            Arg::Usizes(v) => SavedArg::Usizes(v.to_vec()),
-            Arg::F32s(v) => SavedArg::F32s(v.to_vec()),
-            Arg::None => SavedArg::None,
-        }
-    }
-
-    pub(super) fn as_plain(&self) -> Arg<'_> {
-        match self {
-            SavedArg::F64(x) => Arg::F64(*x),
-            SavedArg::I64(x) => Arg::I64(*x),
-            SavedArg::Bool(x) => Arg::Bool(*x),
-            SavedArg::Str(s) => Arg::Str(s),
-            SavedArg::F64s(v) => Arg::F64s(v),
-            SavedArg::I64s(v) => Arg::I64s(v),
-            SavedArg::U64(x) => Arg::U64(*x),
-            SavedArg::Usizes(v) => Arg::Usizes(v),
-            SavedArg::F32s(v) => Arg::F32s(v),
-            SavedArg::None => Arg::None,
-            SavedArg::Tensor | SavedArg::Tensors(_) => {
-                unreachable!("tensors are handled by the caller")
-            }
-        }
-    }
-}
+/// What a node keeps of an argument, to pass it to the gradient again: its plain values, and
+/// for a tensor or a list only their place (the node keeps the tensors apart, prepared).
+pub(super) type SavedArg = crate::arg::Kept<(), usize>;

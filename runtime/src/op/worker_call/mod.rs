@@ -9,7 +9,7 @@
 pub(crate) mod decode;
 pub(crate) mod encode;
 mod errors;
-mod launch;
+pub(crate) mod launch;
 pub(crate) mod load;
 
 use std::time::{Duration, Instant};
@@ -411,16 +411,6 @@ fn forward_call<'a>(
         timeout,
         reloaded: request.reloaded.clone(),
     }
-}
-
-/// How workers start, if found already.
-pub(crate) fn launch_found() -> Option<&'static crate::worker::exchange::Launch> {
-    launch::found()
-}
-
-/// How workers start, found now if need be (with the GIL).
-pub(crate) fn launch_now(op: &str) -> Result<&'static crate::worker::exchange::Launch> {
-    launch(op)
 }
 
 /// Shapes of `out` buffers for a worker call (the same rule as in the program: every output's
