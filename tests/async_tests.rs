@@ -540,3 +540,107 @@ fn py_op_functions_have_an_async_sibling() {
         (vec![1.0], vec![2.0, 3.0])
     );
 }
+
+/// A program ends (returns, `process::exit`, a panic, SIGTERM) while tokio tasks await worker
+/// and in-program calls and threads make sync calls: every time it ends as it was asked to, in
+/// time, and its workers are gone.
+#[test]
+fn a_program_ends_cleanly_while_awaited_calls_are_in_flight() {
+    let _serial = serial();
+    for run in 0..12 {
+        let how = ["return", "exit", "panic", "sigterm"][run % 4];
+        let started = Instant::now();
+        let (passed, text) = common::child_test(
+            module_path!(),
+            "ending_child",
+            &[("PYOP_ENDING", Some(std::ffi::OsStr::new(how)))],
+        );
+        assert!(started.elapsed() < Duration::from_secs(60), "{how}: {text}");
+        match how {
+            "return" => assert!(passed, "{how}: {text}"),
+            "exit" => assert!(passed && !text.contains("test result"), "{how}: {text}"),
+            "panic" => assert!(
+                !passed && text.contains("ending by a panic"),
+                "{how}: {text}"
+            ),
+            _ => assert!(!passed && !text.contains("test result"), "{how}: {text}"),
+        }
+        for bad in [
+            "Segmentation",
+            "Fatal Python error",
+            "core dumped",
+            "Aborted",
+        ] {
+            assert!(!text.contains(bad), "{how}: {text}");
+        }
+        let pids: Vec<u32> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("worker pids: "))
+            .unwrap_or_else(|| panic!("{how}: {text}"))
+            .split(',')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let gone = Instant::now();
+        while pids
+            .iter()
+            .any(|&p| stat_fields(p).is_some_and(|f| f[0] != "Z"))
+        {
+            assert!(
+                gone.elapsed() < Duration::from_secs(5),
+                "{how}: workers {pids:?} live on"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+#[ignore = "a child process of a_program_ends_cleanly_while_awaited_calls_are_in_flight"]
+fn ending_child() {
+    let pool = WorkerPool::new(2);
+    let in_worker = worker_op(
+        &pool,
+        "w",
+        "def f(x, i):\n    return x + i",
+        &[OutSpec::new(DType::F64)],
+    );
+    in_worker.start_workers().unwrap();
+    let pids: Vec<String> = pool.idle_pids().iter().map(u32::to_string).collect();
+    println!("worker pids: {}", pids.join(","));
+    let in_program = PyOp::builder("p")
+        .code("def p(x, i):\n    return x * i")
+        .tout([OutSpec::new(DType::F64)])
+        .build()
+        .unwrap();
+    let rt = runtime(2);
+    let x = f64s(&[1.0, 2.0]);
+    for t in 0..50i64 {
+        let (w, p, x) = (in_worker.clone(), in_program.clone(), x.clone());
+        rt.spawn(async move {
+            for i in 0.. {
+                let op = if (t + i) % 2 == 0 { &w } else { &p };
+                op.call_async(&[Arg::from(&x), Arg::from(i)]).await.unwrap();
+            }
+        });
+    }
+    for _ in 0..2 {
+        let (w, x) = (in_worker.clone(), x.clone());
+        std::thread::spawn(move || {
+            for i in 0i64.. {
+                w.call(&[Arg::from(&x), Arg::from(i)]).unwrap();
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    match std::env::var("PYOP_ENDING").as_deref() {
+        Ok("exit") => std::process::exit(0),
+        Ok("panic") => panic!("ending by a panic"),
+        // SAFETY: raise takes a plain signal number.
+        Ok("sigterm") => unsafe {
+            libc::raise(libc::SIGTERM);
+        },
+        // Returns: the runtime is dropped with its tasks (their calls cancelled), the threads
+        // still calling.
+        _ => {}
+    }
+}
