@@ -316,17 +316,23 @@ fn timeout_latency(busy: usize, calls: usize) -> Duration {
 /// Time per call, as seen by total throughput, with `threads` Rust threads each making `calls`
 /// calls of `call` (once untimed, then REPS timed runs).
 fn threaded(threads: usize, calls: usize, call: impl Fn() + Sync) -> Duration {
-    let run = |n: usize| {
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| (0..n).for_each(|_| call()));
-            }
-        });
-        t.elapsed() / (threads * n.max(1)) as u32
-    };
-    run(1);
-    median((0..reps()).map(|_| run(calls)).collect())
+    threaded_once(threads, 1, &call);
+    median(
+        (0..reps())
+            .map(|_| threaded_once(threads, calls, &call))
+            .collect(),
+    )
+}
+
+/// One timed run of [`threaded`].
+fn threaded_once(threads: usize, calls: usize, call: &(impl Fn() + Sync)) -> Duration {
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| (0..calls).for_each(|_| call()));
+        }
+    });
+    t.elapsed() / (threads * calls.max(1)) as u32
 }
 
 /// `threaded` over `reduce`, a body that releases the GIL for its work.
@@ -337,7 +343,8 @@ fn threads_call(threads: usize, calls: usize) -> Duration {
     })
 }
 
-/// `threaded` over the ~1 ms Python loop `f`.
+/// One timed run of `threaded` over the ~1 ms Python loop `f` (`pyloop_group` times them in
+/// turns).
 fn pyloop_threads(
     threads: usize,
     calls: usize,
@@ -345,7 +352,7 @@ fn pyloop_threads(
     f: fn(&Tensor, usize) -> pyop::Result<Tensor>,
 ) -> Duration {
     let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
-    threaded(threads, calls, || {
+    threaded_once(threads, calls, &|| {
         f(&x, iters).unwrap();
     })
 }
@@ -458,48 +465,171 @@ fn echo_peer() -> ! {
 
 /// `ipc_pingpong_blocking`: the round trip of 4 bytes between this process and another over a
 /// socket pair, both sides blocking in `read` (no spinning): the floor a worker's round trip is
-/// measured against. `n` round trips a timed run, median of REPS.
-fn ipc_pingpong_blocking(n: usize) -> Duration {
-    use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    let fd = theirs.as_raw_fd();
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.env(ECHO_PEER, "1");
-    // SAFETY: dup2 is async-signal-safe; the closure allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    drop(theirs);
-    let mut buf = [0u8; 4];
-    let mut trip = || {
-        ours.write_all(&[1, 2, 3, 4]).unwrap();
-        ours.read_exact(&mut buf).unwrap();
-    };
-    (0..n.min(1000)).for_each(|_| trip());
-    let per = median(
-        (0..reps())
-            .map(|_| {
-                let t = Instant::now();
-                (0..n).for_each(|_| trip());
-                t.elapsed() / n as u32
-            })
-            .collect(),
-    );
-    drop(ours);
-    child.wait().unwrap();
-    per
+/// measured against.
+struct PingPong {
+    ours: std::os::unix::net::UnixStream,
+    child: std::process::Child,
 }
 
-/// CPU-bound processes beside the bench while it lives (the "busy" cases): a shell loop each,
-/// killed when dropped.
+impl PingPong {
+    fn start() -> PingPong {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = theirs.as_raw_fd();
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.env(ECHO_PEER, "1");
+        // SAFETY: dup2 is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        drop(theirs);
+        let mut p = PingPong { ours, child };
+        p.timed(1000);
+        p
+    }
+
+    /// The time per round trip of `n` round trips.
+    fn timed(&mut self, n: usize) -> Duration {
+        use std::io::{Read, Write};
+        let mut buf = [0u8; 4];
+        let t = Instant::now();
+        for _ in 0..n {
+            self.ours.write_all(&[1, 2, 3, 4]).unwrap();
+            self.ours.read_exact(&mut buf).unwrap();
+        }
+        t.elapsed() / n as u32
+    }
+}
+
+impl Drop for PingPong {
+    fn drop(&mut self) {
+        let _ = self.ours.shutdown(std::net::Shutdown::Both);
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs each case's timed run in turn, REPS rounds (after one untimed round), and returns each
+/// case's median: cases compared as ratios are timed under the same conditions, whatever the
+/// machine does meanwhile (a shared machine's speed moves over seconds).
+fn interleaved(cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Duration> {
+    for case in cases.iter_mut() {
+        case();
+    }
+    let mut times = vec![Vec::new(); cases.len()];
+    for _ in 0..reps() {
+        for (case, t) in cases.iter_mut().zip(&mut times) {
+            t.push(case());
+        }
+    }
+    times.into_iter().map(median).collect()
+}
+
+/// How a worker op's calls were waited for on both sides, per call, over the runs it was given
+/// (the pool's `WaitStats`), as `key=value` fields for its case's line: the share of calls each
+/// side caught checking, missed after checking, or slept through without checking, the µs each
+/// spent checking per call, and how often a caller found the CPUs crowded (spinning went off).
+#[derive(Default)]
+struct WaitsSeen {
+    calls: u64,
+    /// Caught, missed, slept: the callers', then the workers'.
+    counts: [u64; 6],
+    checking: [Duration; 2],
+    crowded: u64,
+}
+
+impl WaitsSeen {
+    /// Runs `f`, adding what `op`'s pool counted meanwhile.
+    fn during<R>(&mut self, op: &'static pyop::StaticOp, f: impl FnOnce() -> R) -> R {
+        let pool = op.get().unwrap().pool().expect("a worker op").clone();
+        let counts = |s: &pyop::PoolStats| {
+            let w = s.waits;
+            (
+                s.calls,
+                [
+                    w.caller_caught,
+                    w.caller_missed,
+                    w.caller_slept,
+                    w.worker_caught,
+                    w.worker_missed,
+                    w.worker_slept,
+                ],
+                [w.caller_checking, w.worker_checking],
+                pyop::__private::crowded_count(),
+            )
+        };
+        let before = counts(&pool.stats());
+        let r = f();
+        let after = counts(&pool.stats());
+        self.calls += after.0 - before.0;
+        for i in 0..6 {
+            self.counts[i] += after.1[i] - before.1[i];
+        }
+        for i in 0..2 {
+            self.checking[i] += after.2[i] - before.2[i];
+        }
+        self.crowded += after.3 - before.3;
+        r
+    }
+
+    fn fields(&self) -> String {
+        let n = self.calls.max(1) as f64;
+        let c = self.counts.map(|k| k as f64 / n);
+        let us = self.checking.map(|d| d.as_secs_f64() * 1e6 / n);
+        format!(
+            "caller_caught={:.2} caller_missed={:.2} caller_slept={:.2} caller_check_us={:.1} \
+             worker_caught={:.2} worker_missed={:.2} worker_slept={:.2} worker_check_us={:.1} \
+             crowded={}",
+            c[0], c[1], c[2], us[0], c[3], c[4], c[5], us[1], self.crowded
+        )
+    }
+}
+
+/// The machine while a group of cases ran: its load average and the share of CPU time the host
+/// gave to others (steal, from `/proc/stat`).
+struct MachineSeen {
+    stat: Option<(u64, u64)>,
+}
+
+impl MachineSeen {
+    /// (all CPU time, stolen time) so far, in ticks.
+    fn read() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        Some((cpu.iter().sum(), *cpu.get(7)?))
+    }
+
+    fn start() -> MachineSeen {
+        MachineSeen { stat: Self::read() }
+    }
+
+    fn fields(&self) -> String {
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_else(|| "?".into());
+        let steal = match (self.stat, Self::read()) {
+            (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
+                format!("{:.1}", (s1 - s0) as f64 * 100.0 / (t1 - t0) as f64)
+            }
+            _ => "?".into(),
+        };
+        format!("load1={load} steal_pct={steal}")
+    }
+}
+
 struct Busy(Vec<std::process::Child>);
 
 impl Busy {
@@ -765,6 +895,122 @@ impl Place {
     }
 }
 
+/// `worker_ident_1` (`n` chained scalar calls through a worker) and `ipc_pingpong_blocking`
+/// (`trips` round trips), timed in turns, each line with how the worker's calls were waited for
+/// and the machine's load and steal meanwhile.
+fn round_trip_group(n: usize, trips: usize) {
+    let (ident, pingpong) = ("worker_ident_1", "ipc_pingpong_blocking");
+    if !wanted(ident) && !wanted(pingpong) {
+        return;
+    }
+    let machine = MachineSeen::start();
+    let mut waits = WaitsSeen::default();
+    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+    let mut peer = wanted(pingpong).then(PingPong::start);
+    let mut worker = || {
+        waits.during(pyop::op!(worker_ident), || {
+            let t = Instant::now();
+            let mut a = x.clone();
+            for _ in 0..n {
+                a = worker_ident(&a).unwrap();
+            }
+            t.elapsed() / n as u32
+        })
+    };
+    let mut floor = || peer.as_mut().map_or(Duration::ZERO, |p| p.timed(trips));
+    let times = match (wanted(ident), wanted(pingpong)) {
+        (true, true) => interleaved(&mut [&mut worker, &mut floor]),
+        (true, false) => interleaved(&mut [&mut worker]),
+        _ => vec![Duration::ZERO, interleaved(&mut [&mut floor])[0]],
+    };
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    if warming_up() {
+        return;
+    }
+    let machine = machine.fields();
+    if wanted(ident) {
+        let waits = waits.fields();
+        println!(
+            "case={ident} median_us={:.3} {waits} {machine}",
+            us(times[0])
+        );
+    }
+    if wanted(pingpong) {
+        println!("case={pingpong} median_us={:.3} {machine}", us(times[1]));
+    }
+}
+
+/// The ~1 ms Python loop (`iters` iterations) from 1 and 2 threads, `calls` calls per thread
+/// per run, in the program and through 2 workers, timed in turns; `busy`: from 2 threads only,
+/// while 2 CPU-bound processes run beside it. Each line has the iterations, how the workers'
+/// calls were waited for, and the machine's load and steal meanwhile.
+fn pyloop_group(
+    iters: &std::cell::LazyCell<usize, impl FnOnce() -> usize>,
+    calls: usize,
+    busy: bool,
+) {
+    type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
+    let suffix = if busy { "_busy" } else { "" };
+    let threads: &[usize] = if busy { &[2] } else { &[1, 2] };
+    let mut cases: Vec<(String, usize, Option<&'static pyop::StaticOp>, Pyloop)> = Vec::new();
+    for &t in threads {
+        let name = if t == 1 { "1thread" } else { "2threads" };
+        cases.push((
+            format!("pyloop_inprocess_{name}{suffix}"),
+            t,
+            None,
+            pyloop_in_process,
+        ));
+        cases.push((
+            format!("pyloop_workers2_{name}{suffix}"),
+            t,
+            Some(pyop::op!(pyloop_workers)),
+            pyloop_workers,
+        ));
+    }
+    cases.retain(|c| wanted(&c.0));
+    if cases.is_empty() {
+        return;
+    }
+    let iters = **iters;
+    let _busy = busy.then(|| Busy::start(2));
+    let machine = MachineSeen::start();
+    let mut waits: Vec<WaitsSeen> = cases.iter().map(|_| WaitsSeen::default()).collect();
+    let mut runs: Vec<Box<dyn FnMut() -> Duration + '_>> = cases
+        .iter()
+        .zip(&mut waits)
+        .map(|(&(_, t, op, f), seen)| {
+            Box::new(move || match op {
+                Some(op) => seen.during(op, || pyloop_threads(t, calls, iters, f)),
+                None => pyloop_threads(t, calls, iters, f),
+            }) as Box<dyn FnMut() -> Duration>
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> Duration> = runs
+        .iter_mut()
+        .map(|r| &mut **r as &mut dyn FnMut() -> Duration)
+        .collect();
+    let times = interleaved(&mut refs);
+    drop(refs);
+    drop(runs);
+    if warming_up() {
+        return;
+    }
+    let machine = machine.fields();
+    for ((case, seen), t) in cases.iter().zip(&waits).zip(times) {
+        let waits = if case.2.is_some() {
+            format!("{} ", seen.fields())
+        } else {
+            String::new()
+        };
+        println!(
+            "case={} median_us={:.3} iters={iters} {waits}{machine}",
+            case.0,
+            t.as_secs_f64() * 1e6
+        );
+    }
+}
+
 fn main() {
     if std::env::var_os(ECHO_PEER).is_some() {
         echo_peer();
@@ -831,10 +1077,13 @@ fn main() {
             if x.device().is_cpu() {
                 report_faults(&format!("memcpy_{size}"), n, || memcpy(n, &x));
                 // A worker round trip: the input written into shared memory, returned as is
-                // (named in place, not copied back), copied once into the output.
-                report_faults(&format!("worker_ident_{size}"), n, || {
-                    chained(n, &x, worker_ident)
-                });
+                // (named in place, not copied back), copied once into the output. At one element,
+                // the round-trip group below measures it beside its floor.
+                if size != 1 {
+                    report_faults(&format!("worker_ident_{size}"), n, || {
+                        chained(n, &x, worker_ident)
+                    });
+                }
             }
             // The op tensor mode's `x + 1` runs: a broadcast add of a 0-d tensor.
             report(&format!("candle_plus1_{size}"), || {
@@ -862,6 +1111,9 @@ fn main() {
             println!("case={case} median_us={:.3}", per_call.as_secs_f64() * 1e6);
         }
     }
+    // A worker's scalar round trip and its floor, a blocking ping-pong of two processes, timed
+    // in turns, with how both sides waited.
+    round_trip_group(n, if quick { 10 } else { 5000 });
     // A worker round trip from those threads too (where a program's pool of threads calls a
     // worker op).
     if device().is_cpu() {
@@ -914,9 +1166,6 @@ fn main() {
         report("python_numpy_start", python_numpy_start);
     }
     report("worker_start", worker_start);
-    report("ipc_pingpong_blocking", || {
-        ipc_pingpong_blocking(if quick { 10 } else { 5000 })
-    });
     // The loop alone, timed inside the body: in the program, in a worker, and in a plain
     // `python -c` of the same interpreter (medians of per-call loop times).
     type Timed = fn(&Tensor, usize) -> pyop::Result<Tensor>;
@@ -944,27 +1193,10 @@ fn main() {
             python_process_loop(*iters, calls.max(reps()), 2)
         });
     }
-    type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
-    for (place, op) in [
-        ("inprocess", pyloop_in_process as Pyloop),
-        ("workers2", pyloop_workers),
-    ] {
-        for (threads, name) in [(1, "1thread"), (2, "2threads")] {
-            report(&format!("pyloop_{place}_{name}"), || {
-                pyloop_threads(threads, calls, *iters, op)
-            });
-        }
-    }
-    // The same pair while 2 CPU-bound processes run beside it: the machine oversubscribed.
-    for (place, op) in [
-        ("inprocess", pyloop_in_process as Pyloop),
-        ("workers2", pyloop_workers),
-    ] {
-        report(&format!("pyloop_{place}_2threads_busy"), || {
-            let _busy = Busy::start(2);
-            pyloop_threads(2, calls, *iters, op)
-        });
-    }
+    // The loop from 1 and 2 threads, in the program and in 2 workers, timed in turns; then the
+    // 2-thread pair while 2 CPU-bound processes run beside it: the machine oversubscribed.
+    pyloop_group(&iters, calls, false);
+    pyloop_group(&iters, calls, true);
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
     report("matmul256_workers2_2threads", || {
         threaded(2, calls, || {

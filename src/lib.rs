@@ -82,7 +82,7 @@ pub use pyop_runtime::{
     ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Interpreter, Mode, OpBuilder, OpDecl,
     OpFuture, OpRef, OpStats, OutSpec, PoolStats, Problem, PyOp, PythonEnv, RayActor, RayPool,
     Result, RustGradient, Source, SourceDecl, StaticOp, Validate, ValidationReport, Value,
-    WorkerPool,
+    WaitStats, WorkerPool,
 };
 
 /// candle-core 0.11, as pyop uses it: `pyop::candle::{Device, DType, Var, …}`.

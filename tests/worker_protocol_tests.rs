@@ -884,3 +884,113 @@ fn out_buffers_larger_than_memory_are_refused() {
         "refused before anything was written"
     );
 }
+
+// --- how both sides waited ---
+
+/// Calls from a spawned thread: `calls` quick ones, then a few of a ~5 ms body (the caller
+/// sleeps through most of it). Returns the pool's counters.
+fn waited_calls(calls: usize) -> pyop::PoolStats {
+    let pool = WorkerPool::new(1);
+    let quick = worker_op(
+        &pool,
+        "quick",
+        "def f(x):\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    let slow = worker_op(
+        &pool,
+        "slow",
+        "import time\ndef f(x):\n    time.sleep(0.005)\n    return x",
+        &[OutSpec::new(DType::F32)],
+    );
+    std::thread::spawn(move || {
+        let x = Tensor::new(&[1f32], &cpu()).unwrap();
+        for i in 0..calls {
+            let op = if i % 10 == 9 { &slow } else { &quick };
+            assert_eq!(
+                op.call(&[Arg::from(&x)]).unwrap()[0]
+                    .to_vec1::<f32>()
+                    .unwrap(),
+                [1.]
+            );
+        }
+    })
+    .join()
+    .unwrap();
+    pool.stats()
+}
+
+/// Every call counts once on each side of `PoolStats::waits`: caught, missed or slept through,
+/// with time spent checking only where a side checked.
+#[test]
+fn every_call_says_how_both_sides_waited() {
+    let _s = serial();
+    let s = waited_calls(60);
+    let w = s.waits;
+    assert_eq!(s.calls, 60, "{s:?}");
+    assert_eq!(
+        w.caller_caught + w.caller_missed + w.caller_slept,
+        60,
+        "{w:?}"
+    );
+    assert_eq!(
+        w.worker_caught + w.worker_missed + w.worker_slept,
+        60,
+        "{w:?}"
+    );
+    // A side that never checked spent no time checking; one that did, some.
+    assert_eq!(
+        w.caller_caught + w.caller_missed == 0,
+        w.caller_checking.is_zero(),
+        "{w:?}"
+    );
+    assert_eq!(
+        w.worker_caught + w.worker_missed == 0,
+        w.worker_checking.is_zero(),
+        "{w:?}"
+    );
+    // At most 600 µs of checking a call on the caller's side (its longest window), and the
+    // worker's at most 2 ms.
+    assert!(
+        w.caller_checking <= Duration::from_micros(650) * 60,
+        "{w:?}"
+    );
+    assert!(
+        w.worker_checking <= Duration::from_micros(2100) * 60,
+        "{w:?}"
+    );
+    // With `PYOP_WORKER_SPIN=0` neither side ever checks: every message is slept through.
+    let (passed, text) = common::child_test(
+        module_path!(),
+        "waits_without_spinning_child",
+        &[("PYOP_WORKER_SPIN", Some(std::ffi::OsStr::new("0")))],
+    );
+    assert!(passed, "{text}");
+}
+
+#[test]
+#[ignore = "a child process of every_call_says_how_both_sides_waited, with PYOP_WORKER_SPIN=0"]
+fn waits_without_spinning_child() {
+    let w = waited_calls(30).waits;
+    let zero = Duration::ZERO;
+    assert_eq!(
+        (
+            w.caller_caught,
+            w.caller_missed,
+            w.caller_slept,
+            w.caller_checking
+        ),
+        (0, 0, 30, zero),
+        "{w:?}"
+    );
+    assert_eq!(
+        (
+            w.worker_caught,
+            w.worker_missed,
+            w.worker_slept,
+            w.worker_checking
+        ),
+        (0, 0, 30, zero),
+        "{w:?}"
+    );
+}

@@ -53,7 +53,7 @@ pub use tools::manifest::manifest_json;
 pub use tools::validate::{
     validate, validation_report, OpRef, Problem, Validate, ValidationReport,
 };
-pub use worker::{PoolStats, RayActor, RayPool, WorkerPool};
+pub use worker::{PoolStats, RayActor, RayPool, WaitStats, WorkerPool};
 
 /// The future of a `#[py_op]` function's `_async` sibling: resolves to what the function
 /// returns (`R`, its declared `Result`). `Send` and `'static`; dropping it cancels the call (see
@@ -110,6 +110,15 @@ pub mod __private {
         // SAFETY: `src` is readable for its length in bytes.
         let v = unsafe { crate::alloc::copied_from_bytes::<f32>(src.as_ptr().cast(), src.len()) };
         Tensor::from_vec(v.expect("memory"), src.len(), &Device::Cpu).expect("shape")
+    }
+
+    /// How many times a spinner of this process (a caller waiting for a worker's reply) found the
+    /// CPUs crowded and turned spinning off for a while (the bench prints it).
+    pub fn crowded_count() -> u64 {
+        #[cfg(target_os = "linux")]
+        return crate::worker::pace::crowded_count();
+        #[cfg(not(target_os = "linux"))]
+        0
     }
 
     /// Turns a call's result into the declared return type (`Result<T, E>` with `E` made from

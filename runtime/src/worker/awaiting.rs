@@ -12,7 +12,7 @@ use std::time::Instant;
 use async_io::{Async, Timer};
 use futures_lite::future;
 
-use super::pace::Spin;
+use super::pace::{self, Checking, Spin, Waited};
 use super::wire::{ready_now, RecvError, Wait};
 
 /// How long at least a task checks for a reply before it sleeps (`pace`'s longest window).
@@ -78,31 +78,54 @@ impl Wait for Reactor {
             spin.from = spin.from.min(start);
             spin.until = spin.until.max(start + TASK_SPIN);
         }
+        // The spell of checking under way, measured as a blocked caller's (`pace::Checking`).
+        let mut checking: Option<Checking> = None;
         loop {
             if let Some(r) = ready_now(sock, alive) {
+                let now = Instant::now();
+                spin.waited = Some(match checking.take() {
+                    Some(c) => c.end(now, true),
+                    // Woken from sleep: after a spell that missed it, or without one.
+                    None => spin.waited.unwrap_or(Waited::Slept),
+                });
                 return r;
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(RecvError::TimedOut);
             }
-            let window = spin.until > spin.from;
+            let window = spin.until > spin.from && pace::spinning_allowed();
             if window && now >= spin.from && now < spin.until {
                 // Checked in place for a while, then the executor runs its other tasks: a yield
                 // on a work-stealing runtime wakes another of its threads to steal this task
                 // (tokio's multi-thread runtime does), a thread wake-up for every yield.
+                let c = checking.get_or_insert_with(|| Checking::new(now));
+                c.resume(now);
                 let stop = spin.until.min(now + IN_PLACE);
-                while Instant::now() < stop {
+                let caught = loop {
+                    let now = Instant::now();
+                    c.check(now);
+                    if now >= stop {
+                        break None;
+                    }
                     if let Some(r) = ready_now(sock, alive) {
-                        return r;
+                        break Some((r, now));
                     }
                     // The worker may share this CPU (2 of them here): it gets it meanwhile, as a
                     // blocked caller's check gives it (`wire`). A spin hint instead: 1.26-1.29x
                     // the blocked round trip; with this, 0.90-1.25x.
                     std::thread::yield_now();
+                };
+                if let Some((r, now)) = caught {
+                    spin.waited = checking.take().map(|c| c.end(now, true));
+                    return r;
                 }
                 future::yield_now().await;
                 continue;
+            }
+            // The window closed without the reply: the spell missed it.
+            if let Some(c) = checking.take() {
+                spin.waited = Some(c.end(now, false));
             }
             // Asleep until the window opens (if it is ahead) or the deadline.
             let wake_at = match (window && now < spin.from, deadline) {

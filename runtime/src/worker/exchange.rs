@@ -124,6 +124,16 @@ pub(crate) struct Answered {
     pub copied_in: u64,
     /// Bytes the worker copied into the result arena for this reply.
     pub copied_out: u64,
+    /// How the program and the worker waited for each other's message.
+    pub waits: Waits,
+}
+
+/// How the two sides of a call waited: the caller for the reply, the worker for the request
+/// (`None` where not known: no call was made, or a relay did not say).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Waits {
+    pub caller: Option<super::protocol::Waited>,
+    pub worker: Option<super::protocol::Waited>,
 }
 
 /// Where an actor of a Ray pool runs (for [`WorkerPool::ray_actors`](crate::WorkerPool::ray_actors)).

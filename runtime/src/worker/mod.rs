@@ -83,6 +83,9 @@ pub(crate) struct PoolInner {
     calls: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// [`WaitStats`]'s counters: the callers' (caught, missed, slept, µs checking), then the
+    /// workers'.
+    waits: [[AtomicU64; 4]; 2],
     /// The module bases of ops that are gone: each worker unloads those it has, before its next
     /// call (`Lease::worker`). `dropped_version` counts changes, so a call checks it for free.
     dropped: Mutex<std::collections::HashSet<String>>,
@@ -151,6 +154,37 @@ pub struct PoolStats {
     /// there. A returned input, a view of one, or an `out` buffer is named where it lies and adds
     /// nothing; what the output check then copies into candle memory is not counted.
     pub bytes_out: u64,
+    /// How the program and the workers waited for each other's messages.
+    pub waits: WaitStats,
+}
+
+/// How a pool's calls were waited for, on both sides: the program's thread waiting for the reply
+/// (the caller) and the worker waiting for its next request. Either side either caught the
+/// message checking for it without sleeping (spinning, from shortly before it was due: no
+/// wake-up to pay), checked for a while and then slept until it came (it came later than
+/// expected), or slept without checking (spinning was off: a spinner found the CPUs crowded; or,
+/// for a caller, the reply came before it was due). Each call counts once on each side; calls
+/// through a relay that does not say count on the caller's side only. What explains a pool's
+/// round-trip times (`cargo bench --bench summary` prints them per call beside its worker cases).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaitStats {
+    /// Replies a caller caught checking for them.
+    pub caller_caught: u64,
+    /// Replies a caller checked for, then slept until they came.
+    pub caller_missed: u64,
+    /// Replies that woke a caller that had not checked for them.
+    pub caller_slept: u64,
+    /// Time callers spent checking, in all.
+    pub caller_checking: Duration,
+    /// Requests a worker caught checking for them.
+    pub worker_caught: u64,
+    /// Requests a worker checked for, then slept until they came.
+    pub worker_missed: u64,
+    /// Requests that woke a worker that had not checked for them.
+    pub worker_slept: u64,
+    /// Time workers spent checking, in all.
+    pub worker_checking: Duration,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -212,6 +246,7 @@ impl WorkerPool {
                 calls: AtomicU64::new(0),
                 bytes_in: AtomicU64::new(0),
                 bytes_out: AtomicU64::new(0),
+                waits: Default::default(),
                 dropped: Mutex::new(std::collections::HashSet::new()),
                 dropped_version: AtomicU64::new(0),
                 kind: ray.map_or(Kind::Local, Kind::Ray),
@@ -267,6 +302,20 @@ impl WorkerPool {
             calls: p.calls.load(Relaxed),
             bytes_in: p.bytes_in.load(Relaxed),
             bytes_out: p.bytes_out.load(Relaxed),
+            waits: {
+                let [c, w] = &p.waits;
+                let n = |a: &AtomicU64| a.load(Relaxed);
+                WaitStats {
+                    caller_caught: n(&c[0]),
+                    caller_missed: n(&c[1]),
+                    caller_slept: n(&c[2]),
+                    caller_checking: Duration::from_micros(n(&c[3])),
+                    worker_caught: n(&w[0]),
+                    worker_missed: n(&w[1]),
+                    worker_slept: n(&w[2]),
+                    worker_checking: Duration::from_micros(n(&w[3])),
+                }
+            },
         }
     }
 
@@ -594,10 +643,22 @@ impl Lease {
         self.pool.calls.fetch_add(1, Relaxed);
     }
 
-    /// Counts the bytes one call copied into and out of this worker's shared memory.
-    pub(crate) fn count_bytes(&self, copied_in: u64, copied_out: u64) {
-        self.pool.bytes_in.fetch_add(copied_in, Relaxed);
-        self.pool.bytes_out.fetch_add(copied_out, Relaxed);
+    /// Counts the bytes one call copied into and out of this worker's shared memory, and how its
+    /// two sides waited.
+    pub(crate) fn count_answer(&self, answered: &exchange::Answered) {
+        self.pool.bytes_in.fetch_add(answered.copied_in, Relaxed);
+        self.pool.bytes_out.fetch_add(answered.copied_out, Relaxed);
+        let waits = answered.waits;
+        for (side, waited) in self.pool.waits.iter().zip([waits.caller, waits.worker]) {
+            let Some((kind, checked)) = waited.map(protocol::Waited::slot) else {
+                continue;
+            };
+            side[kind].fetch_add(1, Relaxed);
+            if !checked.is_zero() {
+                let us = u64::try_from(checked.as_micros()).unwrap_or(u64::MAX);
+                side[3].fetch_add(us, Relaxed);
+            }
+        }
     }
 
     /// The call killed or lost the worker: it is not returned, and a new one may start.

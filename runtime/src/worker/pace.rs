@@ -10,23 +10,39 @@
 //! [`FIRST_SPIN`] first, as a quick body's reply comes back sooner than a wake-up. A reply that
 //! woke the caller before its window means the estimate was too long (the time measured then
 //! counts a wake-up too, and an average of such times would stay too long): the estimate drops
-//! below it. No caller spins while the other runnable threads fill every CPU: a spinning thread
-//! would take a core from one that works (and the worker is told not to spin either).
+//! below it.
+//!
+//! No caller spins while other runnable threads fill every CPU: a spinning thread would take a
+//! core from one that works. Each check gives the CPU to any thread waiting for it (a yield), so
+//! a spinner on a crowded CPU finds itself off it between checks; a spell of checking that
+//! spent more than half its time off the CPU ([`Checking`]) turns spinning off for a while
+//! (every caller's, and the workers' it calls), longer each time it finds the CPUs crowded
+//! again. That is measured where the cost falls, by the spinner itself: it sees what a load
+//! average cannot (another virtual machine's load on the host's cores, a moment's burst), and it
+//! does not see what does not matter (a runnable thread on another CPU that no spinner shares).
 //!
 //! The worker's side of the same (checking for the next request after a reply) is in
-//! `worker.py`, `_wait_awake`.
+//! `worker.py`, `_wait_awake`; how each side waited is counted per pool ([`WaitStats`](crate::WaitStats)).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+pub(crate) use super::protocol::Waited;
 
 /// How long a call of unknown length is checked for before the caller sleeps.
 pub(crate) const FIRST_SPIN: Duration = Duration::from_micros(50);
 /// The longest a caller checks for a reply in one wait: a body whose length varies more than
 /// this is waited for asleep.
 pub(crate) const MAX_SPIN: Duration = Duration::from_micros(600);
-/// How long spinning stays off once the machine was seen oversubscribed.
+/// How long spinning stays off once a spinner found the CPUs crowded, the first time; doubled
+/// each time it finds them crowded again when it tries next, up to [`LONGEST_BACK_OFF`].
 pub(crate) const BACK_OFF: Duration = Duration::from_millis(20);
+/// The longest spinning stays off at a time.
+pub(crate) const LONGEST_BACK_OFF: Duration = Duration::from_secs(1);
+/// A pause between two checks longer than this is time the spinner spent off its CPU: a check
+/// and a yield that finds no other thread waiting take a few microseconds.
+const OFF_CPU_GAP: Duration = Duration::from_micros(20);
 /// How many functions' estimates a worker keeps (the most recently called).
 const KEPT: usize = 8;
 
@@ -37,6 +53,8 @@ pub(crate) struct Spin {
     pub until: Instant,
     /// Set when the reply woke the caller before `from`: the estimate was too long.
     pub early: bool,
+    /// How the caller waited for the message, once it came.
+    pub waited: Option<Waited>,
 }
 
 impl Spin {
@@ -52,6 +70,7 @@ impl Spin {
                     Duration::ZERO
                 },
             early: false,
+            waited: None,
         }
     }
 }
@@ -71,6 +90,7 @@ impl Pace {
                 from: sent,
                 until: sent,
                 early: false,
+                waited: None,
             };
         }
         let Some(&(_, expect)) = self.estimates.iter().find(|(k, _)| *k == function) else {
@@ -78,6 +98,7 @@ impl Pace {
                 from: sent,
                 until: sent + FIRST_SPIN,
                 early: false,
+                waited: None,
             };
         };
         window(sent, expect, lead())
@@ -120,6 +141,7 @@ fn window(sent: Instant, expect: Duration, lead: Duration) -> Spin {
         from,
         until,
         early: false,
+        waited: None,
     }
 }
 
@@ -141,16 +163,135 @@ fn now_ns() -> u64 {
     u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Until when (`now_ns`) spinning is off: the machine was seen oversubscribed.
-static SPIN_OFF_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// When spinning is off, for how long next, and how often it went off.
+struct BackOff {
+    /// Until when (`now_ns`) spinning is off: a spinner found the CPUs crowded.
+    until: AtomicU64,
+    /// How long (ns) spinning goes off the next time a spinner finds the CPUs crowded.
+    next: AtomicU64,
+    /// Spells of checking that found the CPUs crowded so far.
+    crowded: AtomicU64,
+}
+
+/// The process's: every caller's spinning goes off together (they share the CPUs).
+static BACK_OFF_STATE: BackOff = BackOff::new();
+
+impl BackOff {
+    const fn new() -> BackOff {
+        BackOff {
+            until: AtomicU64::new(0),
+            next: AtomicU64::new(BACK_OFF.as_nanos() as u64),
+            crowded: AtomicU64::new(0),
+        }
+    }
+
+    /// Judges a spell of checking that lasted `checked`, `off` of it off the CPU, ended at
+    /// `now` (`now_ns`): crowded, spinning goes off for the back-off, which doubles for next
+    /// time; wholly on the CPU, the back-off is the first one again.
+    fn judge(&self, checked: Duration, off: Duration, now: u64) {
+        if crowded(checked, off) {
+            let back_off = self.next.load(Relaxed);
+            self.until.fetch_max(now.saturating_add(back_off), Relaxed);
+            // Races between spinners only blur it.
+            self.next.store(doubled(back_off), Relaxed);
+            self.crowded.fetch_add(1, Relaxed);
+        } else if off.is_zero() {
+            self.next.store(BACK_OFF.as_nanos() as u64, Relaxed);
+        }
+    }
+}
+
 /// How late a timed sleep ends here (a moving average, in nanoseconds): how early a caller wakes
 /// before a reply is due.
 static LATE_NS: AtomicU64 = AtomicU64::new(40_000);
 
-/// Whether a process may check for a message instead of sleeping: not while the machine is
-/// oversubscribed (or was, less than [`BACK_OFF`] ago).
+/// Whether a process may check for a message instead of sleeping: not while spinning is off
+/// (a spinner found the CPUs crowded, less than the back-off ago), nor ever where
+/// `PYOP_WORKER_SPIN=0` says so.
+#[inline]
 pub(crate) fn spinning_allowed() -> bool {
-    now_ns() >= SPIN_OFF_UNTIL.load(Relaxed) && !oversubscribed()
+    spinning_wanted() && now_ns() >= BACK_OFF_STATE.until.load(Relaxed)
+}
+
+/// `PYOP_WORKER_SPIN`, read once: `0` (or `off`, `false`, `no`) and neither callers nor workers
+/// ever check for a message without sleeping (every message pays a wake-up; no CPU time is
+/// spent waiting), as `OMP_WAIT_POLICY=passive` does for OpenMP.
+fn spinning_wanted() -> bool {
+    static WANTED: OnceLock<bool> = OnceLock::new();
+    *WANTED.get_or_init(|| {
+        std::env::var("PYOP_WORKER_SPIN")
+            .map(|v| {
+                !matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "0" | "off" | "false" | "no"
+                )
+            })
+            .unwrap_or(true)
+    })
+}
+
+/// A spell of checking for a message (a spin), measured as it goes: when it began, and how long
+/// the thread was off its CPU between checks meanwhile (each check yields the CPU to any thread
+/// waiting for it; the host may take the virtual CPU too).
+pub(crate) struct Checking {
+    start: Instant,
+    last: Instant,
+    off: Duration,
+}
+
+impl Checking {
+    /// A spell beginning at `now`.
+    pub(crate) fn new(now: Instant) -> Checking {
+        Checking {
+            start: now,
+            last: now,
+            off: Duration::ZERO,
+        }
+    }
+
+    /// A check at `now`: a pause since the last one longer than [`OFF_CPU_GAP`] was spent off
+    /// the CPU.
+    #[inline]
+    pub(crate) fn check(&mut self, now: Instant) {
+        let gap = now.saturating_duration_since(self.last);
+        if gap > OFF_CPU_GAP {
+            self.off += gap;
+        }
+        self.last = now;
+    }
+
+    /// Checking goes on at `now` after a pause that was not the CPU's (an executor ran its other
+    /// tasks): the pause is not counted.
+    pub(crate) fn resume(&mut self, now: Instant) {
+        self.last = now;
+    }
+
+    /// The spell ended at `now`, the message `caught` or not: how the thread waited. A spell
+    /// that spent more than half its time off the CPU found it crowded, and spinning goes off.
+    pub(crate) fn end(self, now: Instant, caught: bool) -> Waited {
+        let checked = now.saturating_duration_since(self.start);
+        BACK_OFF_STATE.judge(checked, self.off, now_ns());
+        if caught {
+            Waited::Caught { checked }
+        } else {
+            Waited::Missed { checked }
+        }
+    }
+}
+
+/// Whether a spell of checking `checked` long, `off` of it off the CPU, found it crowded.
+fn crowded(checked: Duration, off: Duration) -> bool {
+    off * 2 > checked
+}
+
+/// The back-off after `ns`: twice as long, at most [`LONGEST_BACK_OFF`].
+fn doubled(ns: u64) -> u64 {
+    ns.saturating_mul(2).min(LONGEST_BACK_OFF.as_nanos() as u64)
+}
+
+/// How many times a spinner of this process found the CPUs crowded (and spinning went off).
+pub(crate) fn crowded_count() -> u64 {
+    BACK_OFF_STATE.crowded.load(Relaxed)
 }
 
 /// How long before a reply is due a caller wakes: twice the usual lateness of a timed sleep, at
@@ -177,48 +318,6 @@ pub(crate) fn slept(meant: Instant, ended: Instant) {
 fn averaged(old: u64, late: u64) -> u64 {
     old - old / 4 + late.min(1_000_000) / 4
 }
-
-/// Whether more threads are runnable on the machine than it has CPUs (`/proc/loadavg`'s
-/// `running/total`, read at most every [`LOOK_EVERY`]): a thread that spins then takes a core
-/// from one that works, and spinning is off for [`BACK_OFF`].
-fn oversubscribed() -> bool {
-    static NEXT_LOOK: AtomicU64 = AtomicU64::new(0);
-    let now = now_ns();
-    if now < NEXT_LOOK.load(Relaxed) {
-        return false;
-    }
-    NEXT_LOOK.store(now + LOOK_EVERY.as_nanos() as u64, Relaxed);
-    let Some(running) = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| runnable(&s))
-    else {
-        return false;
-    };
-    // SAFETY: sysconf takes and returns plain integers.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
-    if more_than_cpus(running, cpus) {
-        SPIN_OFF_UNTIL.fetch_max(now.saturating_add(BACK_OFF.as_nanos() as u64), Relaxed);
-        return true;
-    }
-    false
-}
-
-/// The runnable threads `/proc/loadavg` counts (its fourth field, `running/total`).
-fn runnable(loadavg: &str) -> Option<u64> {
-    let field = loadavg.split_whitespace().nth(3)?;
-    field.split('/').next()?.parse().ok()
-}
-
-/// Whether `running` threads leave no CPU to a thread that spins: the reading thread counts
-/// itself, so `cpus` others fill every CPU. (Counting one more as not yet, for a kernel thread
-/// of a moment, let callers spin beside two workers on 2 CPUs: 1.61-1.71x the program's
-/// throughput from 2 threads instead of 1.76-1.82x, same runs.)
-fn more_than_cpus(running: u64, cpus: u64) -> bool {
-    running > cpus
-}
-
-/// How often `oversubscribed` looks.
-const LOOK_EVERY: Duration = Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests {
@@ -280,13 +379,41 @@ mod tests {
     }
 
     #[test]
-    fn oversubscribed_means_more_runnable_threads_than_cpus() {
-        assert_eq!(runnable("0.51 0.42 0.30 3/123 4567\n"), Some(3));
-        assert_eq!(runnable("0.51 0.42 0.30 12/900 1"), Some(12));
-        assert_eq!(runnable("garbage"), None);
-        assert!(!more_than_cpus(2, 2));
-        assert!(more_than_cpus(3, 2));
-        assert!(!more_than_cpus(1, 1));
-        assert!(more_than_cpus(2, 1));
+    fn a_spinner_mostly_off_its_cpu_turns_spinning_off_for_longer_each_time() {
+        let us = Duration::from_micros;
+        assert!(!crowded(us(100), us(0)));
+        assert!(!crowded(us(100), us(50)));
+        assert!(crowded(us(100), us(51)));
+        assert_eq!(doubled(20_000_000), 40_000_000);
+        assert_eq!(doubled(800_000_000), 1_000_000_000);
+        assert_eq!(doubled(u64::MAX), 1_000_000_000);
+        let b = BackOff::new();
+        let ms = |n: u64| n * 1_000_000;
+        b.judge(us(100), us(80), ms(1000));
+        assert_eq!(b.until.load(Relaxed), ms(1020));
+        b.judge(us(100), us(80), ms(1010));
+        assert_eq!(b.until.load(Relaxed), ms(1050));
+        assert_eq!(b.next.load(Relaxed), ms(80));
+        // Some time off the CPU, not most: the back-off stays as it is.
+        b.judge(us(100), us(30), ms(1100));
+        assert_eq!(
+            (b.until.load(Relaxed), b.next.load(Relaxed)),
+            (ms(1050), ms(80))
+        );
+        // Wholly on it: the first back-off again.
+        b.judge(us(100), us(0), ms(1100));
+        assert_eq!(b.next.load(Relaxed), ms(20));
+        assert_eq!(b.crowded.load(Relaxed), 2);
+        // Pauses between checks count only past the gap a check and a yield take alone.
+        let t = Instant::now();
+        let mut c = Checking::new(t);
+        c.check(t + us(5));
+        c.check(t + us(10));
+        assert_eq!(c.off, Duration::ZERO);
+        c.check(t + us(110));
+        assert_eq!(c.off, us(100));
+        c.resume(t + us(1000));
+        c.check(t + us(1010));
+        assert_eq!(c.off, us(100));
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::arena::Arena;
 use super::exchange::RayActor;
-use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError};
+use super::exchange::{Answered, Exchange, Failure, Launch, Load, StartError, Waits};
 use super::exchange::{LOAD_TIMEOUT, THREAD_VARS};
 use super::pace::{self, Pace, Spin};
 use super::protocol::{self, ModuleKey, ProtocolError, Reply, Request};
@@ -138,6 +138,8 @@ pub(crate) struct Worker {
     pub dropped_seen: u64,
     /// How long this worker's calls take, by function: when a caller checks for a reply.
     pace: Pace,
+    /// How the worker waited for the request its last reply answers (the reply's `w`).
+    worker_waited: Option<pace::Waited>,
     /// For a Ray pool's relay: where its actor runs (`ray::start`).
     pub actor: Option<RayActor>,
     /// Its socket and pidfd registered with the reactor, once an awaited call used it.
@@ -267,6 +269,7 @@ impl Worker {
             seq: 0,
             write_limited: false,
             pace: Pace::default(),
+            worker_waited: None,
             dropped_seen: 0,
             actor: None,
             reactor: None,
@@ -484,7 +487,13 @@ impl Worker {
         wait: &mut W,
     ) -> Result<(Reply, Vec<u8>), Broken> {
         let frame = wire::recv_with(&self.sock, deadline, self.alive(), spin, wait).await?;
-        let (q, reply, payload) = protocol::decode(frame)?;
+        let protocol::Decoded {
+            q,
+            reply,
+            payload,
+            waited,
+        } = protocol::decode(frame)?;
+        self.worker_waited = waited;
         if q != self.seq {
             return Err(Broken::Protocol(
                 "sent a reply to another request than the one it was given".to_owned(),
@@ -541,6 +550,7 @@ impl Worker {
                 result: None,
                 copied_in: 0,
                 copied_out: 0,
+                waits: Waits::default(),
             });
         }
         let input = self.input_arena(ex.arena_len).map_err(io)?;
@@ -561,6 +571,10 @@ impl Worker {
         loop {
             let (reply, payload) = self.reply_within(deadline, &mut spin, wait).await?;
             let waited = std::mem::replace(&mut spin, Spin::now_for(pace::FIRST_SPIN));
+            let waits = Waits {
+                caller: waited.waited,
+                worker: self.worker_waited,
+            };
             let result_len = self.result.as_ref().map_or(0, Arena::len);
             let checked = reply.check([input_len, result_len], ex.outs.as_deref())?;
             let retained = match &reply {
@@ -605,6 +619,7 @@ impl Worker {
                 result,
                 copied_in,
                 copied_out: checked.copied_out,
+                waits,
             });
         }
     }

@@ -340,6 +340,59 @@ pub(crate) enum JoinStage {
 struct ReplyEnvelope {
     q: u64,
     m: Reply,
+    /// How the worker waited for the request (`worker.py`'s `_wait_awake`); older relays'
+    /// replies may lack it.
+    #[serde(default)]
+    w: Option<Waited>,
+}
+
+/// How one side waited for the other's message: it caught it checking (spinning) for it, it
+/// checked for a while and then slept until the message woke it, or it slept without checking
+/// (spinning was off, or the message was not due yet). In a reply's `w`: `[0, µs]`, `[1, µs]`,
+/// `[2, 0]`, with the µs spent checking.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(try_from = "(u8, u64)")]
+pub(crate) enum Waited {
+    Caught { checked: std::time::Duration },
+    Missed { checked: std::time::Duration },
+    Slept,
+}
+
+impl Waited {
+    /// Its counter in a side's row of `WaitStats` (0 caught, 1 missed, 2 slept) and the time it
+    /// spent checking.
+    pub(crate) fn slot(self) -> (usize, std::time::Duration) {
+        match self {
+            Waited::Caught { checked } => (0, checked),
+            Waited::Missed { checked } => (1, checked),
+            Waited::Slept => (2, std::time::Duration::ZERO),
+        }
+    }
+}
+
+impl TryFrom<(u8, u64)> for Waited {
+    type Error = String;
+
+    fn try_from((kind, us): (u8, u64)) -> Result<Waited, String> {
+        let checked = std::time::Duration::from_micros(us);
+        match kind {
+            0 => Ok(Waited::Caught { checked }),
+            1 => Ok(Waited::Missed { checked }),
+            2 => Ok(Waited::Slept),
+            other => Err(format!("no way of waiting is numbered {other}")),
+        }
+    }
+}
+
+/// A reply frame, decoded.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The sequence number of the request it answers.
+    pub q: u64,
+    pub reply: Reply,
+    /// Its pickle (for a `pickled` reply; else empty).
+    pub payload: Vec<u8>,
+    pub waited: Option<Waited>,
 }
 
 /// A worker broke the protocol: the field at fault and what was wrong with it.
@@ -362,8 +415,9 @@ fn bad(field: &'static str, why: impl Into<String>) -> ProtocolError {
     }
 }
 
-/// A reply frame split into its sequence number, its message and its pickle.
-pub(crate) fn decode(frame: Vec<u8>) -> Result<(u64, Reply, Vec<u8>), ProtocolError> {
+/// A reply frame split into its sequence number, its message, its pickle and how the worker
+/// waited.
+pub(crate) fn decode(frame: Vec<u8>) -> Result<Decoded, ProtocolError> {
     let hlen = frame
         .get(..4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -380,7 +434,12 @@ pub(crate) fn decode(frame: Vec<u8>) -> Result<(u64, Reply, Vec<u8>), ProtocolEr
     if !payload.is_empty() && !matches!(envelope.m, Reply::Pickled { .. }) {
         return Err(bad("payload", "comes with a reply that has none"));
     }
-    Ok((envelope.q, envelope.m, payload))
+    Ok(Decoded {
+        q: envelope.q,
+        reply: envelope.m,
+        payload,
+        waited: envelope.w,
+    })
 }
 
 /// The most bytes a `need` may ask for: the machine's memory (a worker cannot have made results
@@ -603,7 +662,7 @@ mod tests {
     }
 
     fn reply(header: &str) -> Result<Reply, ProtocolError> {
-        decode(frame_of(header, b"")).map(|(_, r, _)| r)
+        decode(frame_of(header, b"")).map(|d| d.reply)
     }
 
     const EXC: &str = r#"{"type":"ValueError","module":"builtins","bases":["ValueError","Exception","BaseException"],"message":"m","traceback":"","phase":"call","syntax":null,"name":null}"#;
@@ -654,6 +713,37 @@ mod tests {
     }
 
     #[test]
+    fn how_the_worker_waited_comes_with_its_reply() {
+        let waited = |w: &str| {
+            decode(frame_of(
+                &format!(r#"{{"q":4,"m":{{"s":"loaded"}}{w}}}"#),
+                b"",
+            ))
+            .unwrap()
+            .waited
+        };
+        let us = std::time::Duration::from_micros;
+        assert_eq!(
+            waited(r#","w":[0,17]"#),
+            Some(Waited::Caught { checked: us(17) })
+        );
+        assert_eq!(
+            waited(r#","w":[1,2000]"#),
+            Some(Waited::Missed { checked: us(2000) })
+        );
+        assert_eq!(waited(r#","w":[2,0]"#), Some(Waited::Slept));
+        assert_eq!(waited(""), None);
+        // Counted where the wire puts them.
+        for (kind, us) in [(0u8, 5u64), (1, 7), (2, 0)] {
+            let w = Waited::try_from((kind, us)).unwrap();
+            assert_eq!(
+                w.slot(),
+                (usize::from(kind), std::time::Duration::from_micros(us))
+            );
+        }
+    }
+
+    #[test]
     fn an_unexpected_or_missing_field_is_an_error_naming_the_header() {
         for bad in [
             r#"{"q":1,"m":{"s":"loaded","extra":1}}"#,
@@ -670,6 +760,10 @@ mod tests {
             r#"{"q":1,"m":{"s":"joined","driver":{"python":"3.11","ray":"2.60.0"},"actor":{"pid":9,"node":"ab","ip":"10.0.0.7","versions":{"python":"3.11","numpy":"2.4.6","ray":"2.60.0"}}}}"#,
             r#"{"q":1,"m":{"s":"join_failed","stage":"elsewhere","exc":{"type":"E"}}}"#,
             r#"{"q":1,"m":{"s":"lost"}}"#,
+            // How the worker waited: a kind it does not have, a negative time, a missing one.
+            r#"{"q":1,"m":{"s":"loaded"},"w":[3,0]}"#,
+            r#"{"q":1,"m":{"s":"loaded"},"w":[0,-1]}"#,
+            r#"{"q":1,"m":{"s":"loaded"},"w":[1]}"#,
         ] {
             let e = reply(bad).err().unwrap_or_else(|| panic!("accepted {bad}"));
             assert_eq!(e.field, "header", "{bad}: {e}");

@@ -264,6 +264,7 @@ fn wait_readable(
             }
         }
     };
+    let mut missed = None;
     if spin.until > spin.from {
         if Instant::now() < spin.from {
             let woke = sleep(Some(spin.from))?;
@@ -274,22 +275,33 @@ fn wait_readable(
             }
             if woke.is_some() {
                 spin.early = now < spin.from;
+                spin.waited = Some(pace::Waited::Slept);
                 return Ok(());
             }
         }
-        loop {
-            let now = Instant::now();
-            if now >= spin.until || deadline.is_some_and(|d| now >= d) {
-                break;
-            }
-            match ready_now(sock, alive) {
-                Some(r) => return r,
-                // Gives the core to any other runnable thread (a worker, another caller) meanwhile.
-                None => std::thread::yield_now(),
+        // Not if spinning went off while this caller slept.
+        if pace::spinning_allowed() {
+            let mut checking = pace::Checking::new(Instant::now());
+            loop {
+                let now = Instant::now();
+                checking.check(now);
+                if now >= spin.until || deadline.is_some_and(|d| now >= d) {
+                    missed = Some(checking.end(now, false));
+                    break;
+                }
+                if let Some(r) = ready_now(sock, alive) {
+                    spin.waited = Some(checking.end(now, true));
+                    return r;
+                }
+                // Gives the core to any other runnable thread (a worker, another caller)
+                // meanwhile.
+                std::thread::yield_now();
             }
         }
     }
-    sleep(None).map(|_| ())
+    let r = sleep(None).map(|_| ());
+    spin.waited = Some(missed.unwrap_or(pace::Waited::Slept));
+    r
 }
 
 #[cfg(test)]

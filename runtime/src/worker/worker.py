@@ -9,7 +9,8 @@
 # request with other fields is a protocol error and the worker exits). Frames, both ways: a
 # 4-byte little-endian length, then the frame. Parent -> worker: `{"q": seq, "m": request}` in
 # JSON, possibly with a file descriptor (SCM_RIGHTS) attached to its first bytes. Worker ->
-# parent: a 4-byte little-endian header length, `{"q": seq, "m": reply}` in JSON, then a pickle
+# parent: a 4-byte little-endian header length, `{"q": seq, "m": reply, "w": waited}` in JSON
+# (`w`: how the worker waited for the request, `_wait_awake`), then a pickle
 # (protocol 5, only for a "pickled" reply) whose large buffers live in shared memory, named by
 # [arena, offset, length] with arena 0 the input arena and 1 the result arena. Every reply echoes
 # its request's sequence number, so a reply can never be taken for another's.
@@ -171,26 +172,33 @@ def _recv_exact(n):
 _gap = 100e-6  # a moving average of the gaps, each counted up to 4 ms
 _spin_off_until = 0.0
 _spin = False  # whether the last call's request allowed checking (the program's judgement)
+# How this worker waited for the request it answers now, sent back with the reply (`w`, the
+# pool's `WaitStats`): [0, µs] caught checking, [1, µs] checked that long, then slept and was
+# woken, [2, 0] slept without checking.
+_waited = [2, 0]
 
 
 def _wait_awake():
     """Checks for the next request until it comes or the spin's time is up; returns when it
     began (to time the gap)."""
-    global _spin_off_until
+    global _spin_off_until, _waited
     start = _perf_counter()
     if not _spin or start < _spin_off_until:
+        _waited = [2, 0]
         return start
     budget = 100e-6 if _gap > 2e-3 else min(max(3 * _gap, 100e-6), 2e-3)
     until = start + budget
     cpu = _thread_time()
     while True:
         if _select((_SOCK,), (), (), 0)[0]:
+            _waited = [0, int((_perf_counter() - start) * 1e6)]
             return start
         if _perf_counter() >= until:
             break
         # The caller that will send the request may need this core first.
         _sched_yield()
     wall = _perf_counter() - start
+    _waited = [1, int(wall * 1e6)]
     if 2 * (_thread_time() - cpu) < wall:
         _spin_off_until = start + wall + 0.1
     return start
@@ -297,7 +305,7 @@ def _checked(msg):
 def _send(header, payload=b""):
     if _forked:
         os._exit(0)
-    h = "".join(_encode_json({"q": _seq, "m": header}, 0)).encode()
+    h = "".join(_encode_json({"q": _seq, "m": header, "w": _waited}, 0)).encode()
     body = len(h).to_bytes(4, "little") + h + payload
     _SOCK.sendall(len(body).to_bytes(4, "little") + body)
 

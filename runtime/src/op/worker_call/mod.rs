@@ -290,7 +290,7 @@ impl OpInner {
         };
         match result {
             Ok(answered) => {
-                lease.count_bytes(answered.copied_in, answered.copied_out);
+                lease.count_answer(&answered);
                 self.counters
                     .record_worker_bytes(answered.copied_in, answered.copied_out);
                 // A worker whose own machinery failed has said so and exits: not reused.
