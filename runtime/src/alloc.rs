@@ -64,13 +64,46 @@ pub(crate) fn check(elems: Option<usize>, dtype: candle_core::DType) -> Result<(
     let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
         return Err(Refusal::TooLarge);
     };
-    if bytes >= CHECK_FROM && Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
+    // More than the machine's memory can never be filled, even where the kernel promises any
+    // size (`vm.overcommit_memory=1`, common on GPU hosts: the reservation below succeeds there,
+    // and the copy into it would end in the OOM killer).
+    if bytes >= CHECK_FROM
+        && (bytes as u64 > machine_memory() || Vec::<u8>::new().try_reserve_exact(bytes).is_err())
+    {
         return Err(Refusal::NoMemory(format!(
             "Unable to allocate {:.2} GiB",
             bytes as f64 / (1u64 << 30) as f64
         )));
     }
     Ok(())
+}
+
+/// The machine's memory in bytes (at most 2^62: an arena's size is the next power of two, which
+/// must fit `isize`), read once: `_SC_PHYS_PAGES` is a system call (`sysinfo`).
+#[cfg(unix)]
+pub(crate) fn machine_memory() -> u64 {
+    static MEMORY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MEMORY.get_or_init(|| {
+        // SAFETY: sysconf takes and returns plain integers.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let total = u64::try_from(pages)
+            .ok()
+            .zip(u64::try_from(page).ok())
+            .and_then(|(n, p)| n.checked_mul(p))
+            .unwrap_or(1 << 40);
+        total.min(1 << 62)
+    })
+}
+
+/// Without `sysconf`: 1 TiB.
+#[cfg(not(unix))]
+pub(crate) fn machine_memory() -> u64 {
+    1 << 40
 }
 
 /// Why a buffer could not be made: the message of a `MemoryError`.
@@ -210,4 +243,32 @@ pub(crate) unsafe fn tensor_from_bytes(
             d => Err(candle_core::Error::Msg(format!("{} has no plain element type", d.as_str()))),
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    #[test]
+    fn sizes_past_the_machines_memory_are_refused_whatever_the_kernel_promises() {
+        let memory = machine_memory() as usize;
+        assert!(memory >= CHECK_FROM, "{memory}");
+        // One byte past it: refused as NumPy words it, even where a reservation of that size
+        // would succeed (`vm.overcommit_memory=1`).
+        let past = check(Some(memory + 1), DType::U8).unwrap_err();
+        let gib = (memory + 1) as f64 / (1u64 << 30) as f64;
+        assert_eq!(
+            past,
+            Refusal::NoMemory(format!("Unable to allocate {gib:.2} GiB"))
+        );
+        // What overflows, or passes isize::MAX, is too large for any tensor.
+        assert_eq!(check(None, DType::F32), Err(Refusal::TooLarge));
+        assert_eq!(
+            check(Some(usize::MAX / 2), DType::F32),
+            Err(Refusal::TooLarge)
+        );
+        // Small sizes are not checked at all.
+        assert_eq!(check(Some(1000), DType::F64), Ok(()));
+    }
 }

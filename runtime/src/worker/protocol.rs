@@ -444,32 +444,8 @@ pub(crate) fn decode(frame: Vec<u8>) -> Result<Decoded, ProtocolError> {
 
 /// The most bytes a `need` may ask for: the machine's memory (a worker cannot have made results
 /// larger than that), so a forged or corrupt `need` cannot size an arena.
-/// Read once: `_SC_PHYS_PAGES` is a system call (`sysinfo`), and every call and reply asks.
-#[cfg(unix)]
 pub(crate) fn need_cap() -> u64 {
-    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        // SAFETY: sysconf takes and returns plain integers.
-        let (pages, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_PHYS_PAGES),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
-        let total = u64::try_from(pages)
-            .ok()
-            .zip(u64::try_from(page).ok())
-            .and_then(|(n, p)| n.checked_mul(p))
-            .unwrap_or(1 << 40);
-        // An arena's size is the next power of two, which must fit `isize` (a mapping's limit).
-        total.min(1 << 62)
-    })
-}
-
-/// Without `sysconf`: 1 TiB.
-#[cfg(not(unix))]
-pub(crate) fn need_cap() -> u64 {
-    1 << 40
+    crate::alloc::machine_memory()
 }
 
 /// A checked [`Place`]: inside its arena.
