@@ -16,7 +16,7 @@ use pyo3::types::{PyDict, PyModule};
 use super::package::PackageFiles;
 use crate::error::{Error, ErrorKind, Result};
 use crate::python::errors::python_error;
-use crate::python::timeout::Shield;
+use crate::python::importing::Importing;
 
 /// The Python source of an op's body.
 #[derive(Clone, Debug)]
@@ -202,7 +202,7 @@ pub(crate) fn package_module<'py>(
     else {
         unreachable!("called for packages only")
     };
-    let _shield = Shield::new();
+    let _importing = Importing::begin(py);
     let run = || -> PyResult<Bound<'py, PyAny>> {
         super::package::install(py, name, root, files, replace)?;
         PyModule::import(py, "importlib")?.call_method1("import_module", (module.as_ref(),))
@@ -220,7 +220,7 @@ pub(crate) fn forget_lines(py: Python<'_>, source: &Source) {
 }
 
 fn import<'py>(py: Python<'py>, op: &str, name: &str) -> Result<Bound<'py, PyAny>> {
-    let _shield = Shield::new();
+    let _importing = Importing::begin(py);
     py.import(name)
         .map(Bound::into_any)
         .map_err(|e| source_error(py, op, &format!("the module `{name}`"), e))
@@ -236,9 +236,10 @@ pub(crate) fn cannot_load(err: Error, what: &str) -> Error {
     err.with_kind(ErrorKind::Source, |m| format!("cannot load {what}: {m}"))
 }
 
-// Each loader below runs under a `Shield`: loading a source imports what it imports (NumPy, …)
-// and must never be interrupted half-way by the time limit of a body that happens to trigger it
-// (a nested op's first call, a hot reload).
+// Each loader below runs as `Importing`: loading a source imports what it imports (NumPy, …), in
+// turns with every other thread's loads (a package imported twice at once can break), and must
+// never be interrupted half-way by the time limit of a body that happens to trigger it (a nested
+// op's first call, a hot reload).
 
 /// Compiles and runs `source` in a fresh module. `cache_lines` puts its text in `linecache`, so
 /// tracebacks through an embedded source show its lines even where the file is absent.
@@ -265,7 +266,7 @@ fn load<'py>(
     } else {
         text
     };
-    let _shield = Shield::new();
+    let _importing = Importing::begin(py);
     let run = || -> PyResult<Bound<'py, PyAny>> {
         let module = PyModule::new(py, &format!("pyop_body_{op}"))?;
         module.setattr("__file__", filename)?;

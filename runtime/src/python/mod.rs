@@ -10,6 +10,7 @@
 pub(crate) mod env;
 pub(crate) mod errors;
 pub(crate) mod exceptions;
+pub(crate) mod importing;
 pub(crate) mod numpy;
 pub(crate) mod numpy_alloc;
 pub(crate) mod thread_state;

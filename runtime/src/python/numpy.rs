@@ -20,6 +20,13 @@ pub(crate) fn imported() -> bool {
 
 /// Checks that NumPy imports, once per process; rust-numpy panics if it does not.
 pub(crate) fn ensure_numpy(py: Python<'_>, op: Option<&str>) -> Result<()> {
+    if NUMPY.get(py).is_some() {
+        return Ok(());
+    }
+    // Pyop's imports in turns first, then the once: always in that order, so a thread loading
+    // a body (its turn taken) whose top level calls a numpy-mode op cannot wait on this once
+    // while the thread inside it waits for the turn.
+    let _importing = super::importing::Importing::begin(py);
     NUMPY
         .get_or_try_init(py, || match import_numpy(py) {
             Ok(_) => {
@@ -87,9 +94,9 @@ pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<&'static NumpyR
     Ok(Some(NUMPY_REFS.get_or_init(py, || refs)))
 }
 
-/// Imports NumPy where no time limit can interrupt it: an import interrupted half-way leaves
-/// NumPy unimportable for the rest of the process ("cannot load module more than once").
+/// Imports NumPy where no time limit can interrupt it, in turns with pyop's other imports
+/// (`importing`).
 pub(crate) fn import_numpy(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    let _shield = super::timeout::Shield::new();
+    let _importing = super::importing::Importing::begin(py);
     py.import("numpy")
 }
