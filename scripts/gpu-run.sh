@@ -96,6 +96,9 @@ fi
 step "tensor tests" ./bin/in_process tensor_tests::
 step "gradient tests" ./bin/in_process grad_tests::
 step "DLPack tests (NumPy; torch and CuPy on CUDA)" ./bin/in_process dlpack_tests:: --nocapture
+# First calls from many threads at once (races show where there are many cores: this step's
+# NumPy import race was found on a 16-core GPU machine).
+step "first calls from many threads (3 fresh processes)" ./bin/in_process executor_tests::first_calls
 step "gpu example" ./bin/gpu
 
 echo
