@@ -515,20 +515,52 @@ impl Drop for PingPong {
     }
 }
 
-/// Runs each case's timed run in turn, REPS rounds (after one untimed round), and returns each
-/// case's median: cases compared as ratios are timed under the same conditions, whatever the
-/// machine does meanwhile (a shared machine's speed moves over seconds).
-fn interleaved(cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Duration> {
+/// How many short runs [`interleaved`] times per case: REPS × 10.
+fn short_runs() -> usize {
+    reps() * 10
+}
+
+/// A case timed by [`interleaved`]: the median of its runs, and the spread of the middle 80 % of
+/// them (10th to 90th percentile, as a share of the median).
+#[derive(Clone, Copy, Default)]
+struct Timed {
+    median: Duration,
+    spread: f64,
+}
+
+impl Timed {
+    fn us(self) -> f64 {
+        self.median.as_secs_f64() * 1e6
+    }
+}
+
+/// Runs each case's short timed run in turn, [`short_runs`] rounds (after one untimed round), and
+/// returns each case's median and spread: cases compared as ratios are timed under the same
+/// conditions, whatever the machine does meanwhile. A shared virtual machine's speed moves over
+/// seconds (the same 20,000-iteration Python loop took 0.84 ms and 1.61 ms a few seconds apart
+/// here), so cases timed one after the other, a second each, gave ratios that moved as much.
+fn interleaved(cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Timed> {
     for case in cases.iter_mut() {
         case();
     }
     let mut times = vec![Vec::new(); cases.len()];
-    for _ in 0..reps() {
+    for _ in 0..short_runs() {
         for (case, t) in cases.iter_mut().zip(&mut times) {
             t.push(case());
         }
     }
-    times.into_iter().map(median).collect()
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort();
+            let at = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
+            let median = at(0.5);
+            Timed {
+                median,
+                spread: (at(0.9) - at(0.1)).as_secs_f64() / median.as_secs_f64().max(1e-12),
+            }
+        })
+        .collect()
 }
 
 /// How a worker op's calls were waited for on both sides, per call, over the runs it was given
@@ -921,22 +953,28 @@ fn round_trip_group(n: usize, trips: usize) {
     let times = match (wanted(ident), wanted(pingpong)) {
         (true, true) => interleaved(&mut [&mut worker, &mut floor]),
         (true, false) => interleaved(&mut [&mut worker]),
-        _ => vec![Duration::ZERO, interleaved(&mut [&mut floor])[0]],
+        _ => vec![Timed::default(), interleaved(&mut [&mut floor])[0]],
     };
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     if warming_up() {
         return;
     }
     let machine = machine.fields();
+    let spread = |t: Timed| format!("spread_pct={:.0}", t.spread * 100.0);
     if wanted(ident) {
-        let waits = waits.fields();
+        let (waits, t) = (waits.fields(), times[0]);
         println!(
-            "case={ident} median_us={:.3} {waits} {machine}",
-            us(times[0])
+            "case={ident} median_us={:.3} {} {waits} {machine}",
+            t.us(),
+            spread(t)
         );
     }
     if wanted(pingpong) {
-        println!("case={pingpong} median_us={:.3} {machine}", us(times[1]));
+        let t = times[1];
+        println!(
+            "case={pingpong} median_us={:.3} {} {machine}",
+            t.us(),
+            spread(t)
+        );
     }
 }
 
@@ -1004,9 +1042,10 @@ fn pyloop_group(
             String::new()
         };
         println!(
-            "case={} median_us={:.3} iters={iters} {waits}{machine}",
+            "case={} median_us={:.3} spread_pct={:.0} iters={iters} {waits}{machine}",
             case.0,
-            t.as_secs_f64() * 1e6
+            t.us(),
+            t.spread * 100.0
         );
     }
 }
@@ -1113,7 +1152,8 @@ fn main() {
     }
     // A worker's scalar round trip and its floor, a blocking ping-pong of two processes, timed
     // in turns, with how both sides waited.
-    round_trip_group(n, if quick { 10 } else { 5000 });
+    // Short runs (`interleaved`): 200 calls and 500 round trips each.
+    round_trip_group((n / 10).max(1), if quick { 10 } else { 500 });
     // A worker round trip from those threads too (where a program's pool of threads calls a
     // worker op).
     if device().is_cpu() {
@@ -1195,8 +1235,9 @@ fn main() {
     }
     // The loop from 1 and 2 threads, in the program and in 2 workers, timed in turns; then the
     // 2-thread pair while 2 CPU-bound processes run beside it: the machine oversubscribed.
-    pyloop_group(&iters, calls, false);
-    pyloop_group(&iters, calls, true);
+    // Short runs (`interleaved`): 10 calls per thread each.
+    pyloop_group(&iters, (calls / 10).max(1), false);
+    pyloop_group(&iters, (calls / 10).max(1), true);
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
     report("matmul256_workers2_2threads", || {
         threaded(2, calls, || {

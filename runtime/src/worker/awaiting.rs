@@ -104,7 +104,6 @@ impl Wait for Reactor {
                 let stop = spin.until.min(now + IN_PLACE);
                 let caught = loop {
                     let now = Instant::now();
-                    c.check(now);
                     if now >= stop {
                         break None;
                     }
@@ -120,6 +119,8 @@ impl Wait for Reactor {
                     spin.waited = checking.take().map(|c| c.end(now, true));
                     return r;
                 }
+                // The turn ends: what the executor runs next is not this spell's.
+                c.pause(Instant::now());
                 future::yield_now().await;
                 continue;
             }

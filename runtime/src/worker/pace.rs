@@ -16,8 +16,8 @@
 //! core from one that works. Each check gives the CPU to any thread waiting for it (a yield), so
 //! a spinner on a crowded CPU finds itself off it between checks; a spell of checking that
 //! spent more than half its time off the CPU ([`Checking`]) turns spinning off for a while
-//! (every caller's, and the workers' it calls), longer each time it finds the CPUs crowded
-//! again. That is measured where the cost falls, by the spinner itself: it sees what a load
+//! (every caller's; a worker judges its own spins the same way), longer each time it finds the
+//! CPUs crowded again. That is measured where the cost falls, by the spinner itself: it sees what a load
 //! average cannot (another virtual machine's load on the host's cores, a moment's burst), and it
 //! does not see what does not matter (a runnable thread on another CPU that no spinner shares).
 //!
@@ -40,9 +40,12 @@ pub(crate) const MAX_SPIN: Duration = Duration::from_micros(600);
 pub(crate) const BACK_OFF: Duration = Duration::from_millis(20);
 /// The longest spinning stays off at a time.
 pub(crate) const LONGEST_BACK_OFF: Duration = Duration::from_secs(1);
-/// A pause between two checks longer than this is time the spinner spent off its CPU: a check
-/// and a yield that finds no other thread waiting take a few microseconds.
-const OFF_CPU_GAP: Duration = Duration::from_micros(20);
+/// The least time off the CPU that says a spell of checking found it crowded: another thread's
+/// time slice (a scheduler gives a CPU-bound thread 0.75-3 ms at a time). Less is the worker it
+/// waits for, sharing its CPU, running a scalar call's 13-30 µs of Python, to which the yield
+/// is meant to give the CPU: counting that (any pause over 20 µs between checks) turned
+/// spinning off a hundred times in 2,000 scalar calls here.
+const OFF_CPU: Duration = Duration::from_micros(200);
 /// How many functions' estimates a worker keeps (the most recently called).
 const KEPT: usize = 8;
 
@@ -187,7 +190,7 @@ impl BackOff {
 
     /// Judges a spell of checking that lasted `checked`, `off` of it off the CPU, ended at
     /// `now` (`now_ns`): crowded, spinning goes off for the back-off, which doubles for next
-    /// time; wholly on the CPU, the back-off is the first one again.
+    /// time; not crowded, the back-off is the first one again.
     fn judge(&self, checked: Duration, off: Duration, now: u64) {
         if crowded(checked, off) {
             let back_off = self.next.load(Relaxed);
@@ -195,7 +198,7 @@ impl BackOff {
             // Races between spinners only blur it.
             self.next.store(doubled(back_off), Relaxed);
             self.crowded.fetch_add(1, Relaxed);
-        } else if off.is_zero() {
+        } else {
             self.next.store(BACK_OFF.as_nanos() as u64, Relaxed);
         }
     }
@@ -216,7 +219,7 @@ pub(crate) fn spinning_allowed() -> bool {
 /// `PYOP_WORKER_SPIN`, read once: `0` (or `off`, `false`, `no`) and neither callers nor workers
 /// ever check for a message without sleeping (every message pays a wake-up; no CPU time is
 /// spent waiting), as `OMP_WAIT_POLICY=passive` does for OpenMP.
-fn spinning_wanted() -> bool {
+pub(crate) fn spinning_wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
     *WANTED.get_or_init(|| {
         std::env::var("PYOP_WORKER_SPIN")
@@ -230,47 +233,55 @@ fn spinning_wanted() -> bool {
     })
 }
 
-/// A spell of checking for a message (a spin), measured as it goes: when it began, and how long
-/// the thread was off its CPU between checks meanwhile (each check yields the CPU to any thread
-/// waiting for it; the host may take the virtual CPU too).
+/// A spell of checking for a message (a spin), measured: how long it lasted, and how much of that
+/// the thread spent off its CPU (its wall time less its CPU time). Each check yields the CPU to
+/// any thread waiting for it, so on a CPU another thread wants the spinner gets little of it.
+/// CPU time, not pauses between checks: a virtual machine's host taking the virtual CPU is not
+/// a thread of this machine that wants it (a guest without a steal clock counts that time as the
+/// thread's own), and spinning on does not take from it.
 pub(crate) struct Checking {
     start: Instant,
-    last: Instant,
-    off: Duration,
+    /// The turn under way (an awaited call checks in turns, between which its executor runs
+    /// other tasks): when it began, and the thread's CPU time then; `None` between turns.
+    turn: Option<(Instant, Duration)>,
+    /// The turns so far: wall time and CPU time.
+    wall: Duration,
+    cpu: Duration,
 }
 
 impl Checking {
-    /// A spell beginning at `now`.
+    /// A spell beginning at `now`, its first turn with it.
     pub(crate) fn new(now: Instant) -> Checking {
         Checking {
             start: now,
-            last: now,
-            off: Duration::ZERO,
+            turn: Some((now, thread_cpu_time())),
+            wall: Duration::ZERO,
+            cpu: Duration::ZERO,
         }
     }
 
-    /// A check at `now`: a pause since the last one longer than [`OFF_CPU_GAP`] was spent off
-    /// the CPU.
-    #[inline]
-    pub(crate) fn check(&mut self, now: Instant) {
-        let gap = now.saturating_duration_since(self.last);
-        if gap > OFF_CPU_GAP {
-            self.off += gap;
+    /// A turn ends at `now` (an executor runs other tasks next, on this thread or another).
+    pub(crate) fn pause(&mut self, now: Instant) {
+        if let Some((began, cpu)) = self.turn.take() {
+            self.wall += now.saturating_duration_since(began);
+            self.cpu += thread_cpu_time().saturating_sub(cpu);
         }
-        self.last = now;
     }
 
-    /// Checking goes on at `now` after a pause that was not the CPU's (an executor ran its other
-    /// tasks): the pause is not counted.
+    /// A turn begins at `now`, on the thread that runs it.
     pub(crate) fn resume(&mut self, now: Instant) {
-        self.last = now;
+        if self.turn.is_none() {
+            self.turn = Some((now, thread_cpu_time()));
+        }
     }
 
     /// The spell ended at `now`, the message `caught` or not: how the thread waited. A spell
-    /// that spent more than half its time off the CPU found it crowded, and spinning goes off.
-    pub(crate) fn end(self, now: Instant, caught: bool) -> Waited {
+    /// that spent more than half its time, and at least [`OFF_CPU`], off the CPU found it
+    /// crowded, and spinning goes off.
+    pub(crate) fn end(mut self, now: Instant, caught: bool) -> Waited {
+        self.pause(now);
         let checked = now.saturating_duration_since(self.start);
-        BACK_OFF_STATE.judge(checked, self.off, now_ns());
+        BACK_OFF_STATE.judge(self.wall, self.wall.saturating_sub(self.cpu), now_ns());
         if caught {
             Waited::Caught { checked }
         } else {
@@ -279,9 +290,23 @@ impl Checking {
     }
 }
 
-/// Whether a spell of checking `checked` long, `off` of it off the CPU, found it crowded.
+/// This thread's CPU time so far.
+fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Whether a spell of checking `checked` long, `off` of it off the CPU, found it crowded: off it
+/// more than half the time, and for at least [`OFF_CPU`].
 fn crowded(checked: Duration, off: Duration) -> bool {
-    off * 2 > checked
+    off * 2 > checked && off >= OFF_CPU
 }
 
 /// The back-off after `ns`: twice as long, at most [`LONGEST_BACK_OFF`].
@@ -381,39 +406,57 @@ mod tests {
     #[test]
     fn a_spinner_mostly_off_its_cpu_turns_spinning_off_for_longer_each_time() {
         let us = Duration::from_micros;
-        assert!(!crowded(us(100), us(0)));
-        assert!(!crowded(us(100), us(50)));
-        assert!(crowded(us(100), us(51)));
+        assert!(!crowded(us(1000), us(0)));
+        assert!(!crowded(us(1000), us(500)));
+        assert!(crowded(us(1000), us(501)));
         assert_eq!(doubled(20_000_000), 40_000_000);
         assert_eq!(doubled(800_000_000), 1_000_000_000);
         assert_eq!(doubled(u64::MAX), 1_000_000_000);
         let b = BackOff::new();
         let ms = |n: u64| n * 1_000_000;
-        b.judge(us(100), us(80), ms(1000));
+        b.judge(us(1000), us(800), ms(1000));
         assert_eq!(b.until.load(Relaxed), ms(1020));
-        b.judge(us(100), us(80), ms(1010));
+        b.judge(us(1000), us(800), ms(1010));
         assert_eq!(b.until.load(Relaxed), ms(1050));
         assert_eq!(b.next.load(Relaxed), ms(80));
-        // Some time off the CPU, not most: the back-off stays as it is.
-        b.judge(us(100), us(30), ms(1100));
+        // A spell that found the CPU free: the first back-off again, spinning allowed as before.
+        b.judge(us(1000), us(300), ms(1100));
         assert_eq!(
             (b.until.load(Relaxed), b.next.load(Relaxed)),
-            (ms(1050), ms(80))
+            (ms(1050), ms(20))
         );
-        // Wholly on it: the first back-off again.
-        b.judge(us(100), us(0), ms(1100));
-        assert_eq!(b.next.load(Relaxed), ms(20));
         assert_eq!(b.crowded.load(Relaxed), 2);
-        // Pauses between checks count only past the gap a check and a yield take alone.
+        // A short spell mostly off the CPU: the worker's turn on it, not another's slice.
+        assert!(!crowded(us(60), us(50)));
+        assert!(crowded(us(300), us(200)));
+        // A spell's wall and CPU time add up over its turns, not the pauses between them.
         let t = Instant::now();
         let mut c = Checking::new(t);
-        c.check(t + us(5));
-        c.check(t + us(10));
-        assert_eq!(c.off, Duration::ZERO);
-        c.check(t + us(110));
-        assert_eq!(c.off, us(100));
-        c.resume(t + us(1000));
-        c.check(t + us(1010));
-        assert_eq!(c.off, us(100));
+        let spin_for = |d: Duration| {
+            let until = Instant::now() + d;
+            while Instant::now() < until {}
+        };
+        spin_for(us(300));
+        c.pause(Instant::now());
+        std::thread::sleep(Duration::from_millis(5));
+        c.resume(Instant::now());
+        spin_for(us(300));
+        c.pause(Instant::now());
+        assert!(
+            c.wall >= us(600) && c.wall < Duration::from_millis(5),
+            "{:?}",
+            c.wall
+        );
+        assert!(c.cpu <= c.wall + us(50), "{:?} {:?}", c.cpu, c.wall);
+        // Asleep in the spell: off the CPU.
+        let mut c = Checking::new(Instant::now());
+        std::thread::sleep(Duration::from_millis(2));
+        c.pause(Instant::now());
+        assert!(
+            c.wall.saturating_sub(c.cpu) >= Duration::from_millis(1),
+            "{:?} {:?}",
+            c.wall,
+            c.cpu
+        );
     }
 }

@@ -150,8 +150,8 @@ pub(crate) enum Request<'a> {
         args: Vec<WireArg<'a>>,
         out: Option<Vec<OutRef>>,
         /// Whether the worker may check for its next request for a while after replying
-        /// (`worker.py`, `_wait_awake`): not while the machine is oversubscribed (`pace.rs`),
-        /// where a process that spins takes a core from one that works.
+        /// (`worker.py`, `_wait_awake`, which judges from its own spins whether that takes a
+        /// core from one that works): not under `PYOP_WORKER_SPIN=0` (`pace.rs`).
         spin: bool,
     },
     /// Drop every module of `base` (its op is gone). Never answered.

@@ -281,10 +281,9 @@ fn wait_readable(
         }
         // Not if spinning went off while this caller slept.
         if pace::spinning_allowed() {
-            let mut checking = pace::Checking::new(Instant::now());
+            let checking = pace::Checking::new(Instant::now());
             loop {
                 let now = Instant::now();
-                checking.check(now);
                 if now >= spin.until || deadline.is_some_and(|d| now >= d) {
                     missed = Some(checking.end(now, false));
                     break;

@@ -165,13 +165,14 @@ def _recv_exact(n):
 # How long a worker checks for its next request before it sleeps (seconds): three times the
 # usual gap between its reply and the next request, so a loop of calls finds it awake, without
 # the wake-up a sleep costs, at least 100 µs and at most 2 ms; 100 µs where calls come seldom
-# (gaps over 2 ms). A check that found no request and got under half of this thread's core
-# (other processes were waiting for it: the machine is oversubscribed) turns checking off for
-# 100 ms, so the worker never takes a core from one that works; and it checks only when the last
-# call's request says the program saw a CPU free for it (`spin`: `pace.rs`, the program's side).
+# (gaps over 2 ms). A check that found no request and spent more than half its time, and at least
+# 200 µs (another thread's time slice, not the caller's few µs on this CPU), off its core (other
+# processes were waiting for it: the machine is oversubscribed) turns checking off for 100 ms,
+# so the worker never takes a core from one that works; and it checks only when the last call's
+# request allows it (`spin`: false under `PYOP_WORKER_SPIN=0`; `pace.rs` is the program's side).
 _gap = 100e-6  # a moving average of the gaps, each counted up to 4 ms
 _spin_off_until = 0.0
-_spin = False  # whether the last call's request allowed checking (the program's judgement)
+_spin = False  # whether the last call's request allowed checking (`PYOP_WORKER_SPIN`)
 # How this worker waited for the request it answers now, sent back with the reply (`w`, the
 # pool's `WaitStats`): [0, µs] caught checking, [1, µs] checked that long, then slept and was
 # woken, [2, 0] slept without checking.
@@ -199,7 +200,8 @@ def _wait_awake():
         _sched_yield()
     wall = _perf_counter() - start
     _waited = [1, int(wall * 1e6)]
-    if 2 * (_thread_time() - cpu) < wall:
+    off = wall - (_thread_time() - cpu)
+    if 2 * off > wall and off >= 200e-6:
         _spin_off_until = start + wall + 0.1
     return start
 
