@@ -239,13 +239,20 @@ fn a_thousand_awaited_worker_calls_need_no_thread_each_and_block_no_runtime_thre
         most_threads <= threads_before + 8,
         "{threads_before} threads before, {most_threads} with 1000 calls in flight"
     );
-    // A blocked runtime thread would hold the heartbeat for a whole call or more (ms to s);
-    // the machine itself (2 CPUs, two workers busy) delays a tick now and then.
+    // A blocked runtime thread holds the heartbeat behind the calls queued before it: with each
+    // task calling the op synchronously instead, every tick came 28 ms late here (14 ticks). A
+    // busy machine (2 CPUs, two workers and the reactor running) delays a tick by a time slice
+    // now and then: a CI run saw a p90 of 3.0 ms against 1.2 ms idle. So the median may be at most
+    // 3 ms later than idle, and the p90 at most 10 ms.
     assert!(late.len() >= 10, "{} ticks", late.len());
+    let p50 = |late: &[Duration]| late[late.len() / 2];
     assert!(
-        p90(&late) < p90(&idle) + Duration::from_millis(1),
-        "heartbeat ticks late: p90 {:?} (idle: {:?}), worst {:?}, of {}",
+        p50(&late) < p50(&idle) + Duration::from_millis(3)
+            && p90(&late) < p90(&idle) + Duration::from_millis(10),
+        "heartbeat ticks late: p50 {:?}, p90 {:?} (idle: {:?}, {:?}), worst {:?}, of {}",
+        p50(&late),
         p90(&late),
+        p50(&idle),
         p90(&idle),
         late.last().unwrap(),
         late.len()
