@@ -988,22 +988,41 @@ fn pyloop_group(
     busy: bool,
 ) {
     type Pyloop = fn(&Tensor, usize) -> pyop::Result<Tensor>;
+    /// What a case's run times: calls from threads, by throughput; or the loop alone, timed
+    /// inside the body, 1 thread (the mean of the run's calls).
+    #[derive(Clone, Copy)]
+    enum Run {
+        Threads(usize, Pyloop),
+        Inner(Pyloop),
+    }
     let suffix = if busy { "_busy" } else { "" };
     let threads: &[usize] = if busy { &[2] } else { &[1, 2] };
-    let mut cases: Vec<(String, usize, Option<&'static pyop::StaticOp>, Pyloop)> = Vec::new();
+    let mut cases: Vec<(String, Run, Option<&'static pyop::StaticOp>)> = Vec::new();
     for &t in threads {
         let name = if t == 1 { "1thread" } else { "2threads" };
         cases.push((
             format!("pyloop_inprocess_{name}{suffix}"),
-            t,
+            Run::Threads(t, pyloop_in_process),
             None,
-            pyloop_in_process,
         ));
         cases.push((
             format!("pyloop_workers2_{name}{suffix}"),
-            t,
+            Run::Threads(t, pyloop_workers),
             Some(pyop::op!(pyloop_workers)),
-            pyloop_workers,
+        ));
+    }
+    if !busy {
+        // The loop alone, timed inside the body, in the program and in a worker: whether a body
+        // runs slower in a worker, or the difference is the round trip.
+        cases.push((
+            "pyloop_inner_inprocess".into(),
+            Run::Inner(pyloop_timed_in_process),
+            None,
+        ));
+        cases.push((
+            "pyloop_inner_worker".into(),
+            Run::Inner(pyloop_timed_worker),
+            Some(pyop::op!(pyloop_timed_worker)),
         ));
     }
     cases.retain(|c| wanted(&c.0));
@@ -1017,10 +1036,20 @@ fn pyloop_group(
     let mut runs: Vec<Box<dyn FnMut() -> Duration + '_>> = cases
         .iter()
         .zip(&mut waits)
-        .map(|(&(_, t, op, f), seen)| {
+        .map(|(&(_, run, op), seen)| {
+            let once = move || match run {
+                Run::Threads(t, f) => pyloop_threads(t, calls, iters, f),
+                Run::Inner(f) => {
+                    let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+                    let total: f64 = (0..calls)
+                        .map(|_| f(&x, iters).unwrap().to_scalar::<f64>().unwrap())
+                        .sum();
+                    Duration::from_secs_f64(total / calls as f64)
+                }
+            };
             Box::new(move || match op {
-                Some(op) => seen.during(op, || pyloop_threads(t, calls, iters, f)),
-                None => pyloop_threads(t, calls, iters, f),
+                Some(op) => seen.during(op, once),
+                None => once(),
             }) as Box<dyn FnMut() -> Duration>
         })
         .collect();
@@ -1206,25 +1235,8 @@ fn main() {
         report("python_numpy_start", python_numpy_start);
     }
     report("worker_start", worker_start);
-    // The loop alone, timed inside the body: in the program, in a worker, and in a plain
-    // `python -c` of the same interpreter (medians of per-call loop times).
-    type Timed = fn(&Tensor, usize) -> pyop::Result<Tensor>;
-    for (place, op) in [
-        ("inprocess", pyloop_timed_in_process as Timed),
-        ("worker", pyloop_timed_worker),
-    ] {
-        report(&format!("pyloop_inner_{place}"), || {
-            let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
-            let time = || {
-                let t = op(&x, *iters).unwrap().to_scalar::<f64>().unwrap();
-                Duration::from_secs_f64(t)
-            };
-            (0..5).for_each(|_| {
-                time();
-            });
-            median((0..calls.max(reps())).map(|_| time()).collect())
-        });
-    }
+    // The loop in a plain `python -c` of the same interpreter (medians of per-call loop times);
+    // in the program and in a worker it is timed with the pyloop group below.
     if wanted("pyloop_inner_python") && *numpy_here {
         report("pyloop_inner_python", || {
             python_process_loop(*iters, calls.max(reps()), 1)
