@@ -6,7 +6,9 @@
 //! at once (a server's first requests), so pyop takes its imports in turns. The lock is
 //! re-entrant (a module whose top level calls another op loads that op's module too), and a
 //! thread waiting for it waits without the GIL (the thread that holds it may need the GIL).
-//! Imports inside a body's function, at call time, are the body's own and are not in turns.
+//! Imports inside a body's function, at call time, are the body's own and are not in turns. As
+//! with Python's own import lock, a module whose top level waits for another thread that loads
+//! an op's module deadlocks (`docs/src/limitations.md`).
 
 use std::sync::{Condvar, Mutex};
 use std::thread::ThreadId;
