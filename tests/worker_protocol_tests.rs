@@ -966,6 +966,26 @@ fn every_call_says_how_both_sides_waited() {
         &[("PYOP_WORKER_SPIN", Some(std::ffi::OsStr::new("0")))],
     );
     assert!(passed, "{text}");
+    // Without it, a fresh process checks for its replies: its first call checks from its
+    // request on, unless a spell of checking before it (the body's load) found the CPUs crowded
+    // and turned spinning off, which a spell must have happened to do.
+    let (passed, text) = common::child_test(
+        module_path!(),
+        "waits_with_spinning_child",
+        &[("PYOP_WORKER_SPIN", None)],
+    );
+    assert!(passed, "{text}");
+}
+
+#[test]
+#[ignore = "a child process of every_call_says_how_both_sides_waited, without PYOP_WORKER_SPIN"]
+fn waits_with_spinning_child() {
+    let w = waited_calls(1).waits;
+    let crowded = pyop::__private::crowded_count();
+    assert!(
+        w.caller_caught + w.caller_missed == 1 || crowded > 0,
+        "{w:?}, crowded {crowded} times"
+    );
 }
 
 #[test]
