@@ -138,8 +138,6 @@ pub(crate) struct Worker {
     pub dropped_seen: u64,
     /// How long this worker's calls take, by function: when a caller checks for a reply.
     pace: Pace,
-    /// How the worker waited for the request its last reply answers (the reply's `w`).
-    worker_waited: Option<pace::Waited>,
     /// For a Ray pool's relay: where its actor runs (`ray::start`).
     pub actor: Option<RayActor>,
     /// Its socket and pidfd registered with the reactor, once an awaited call used it.
@@ -269,7 +267,6 @@ impl Worker {
             seq: 0,
             write_limited: false,
             pace: Pace::default(),
-            worker_waited: None,
             dropped_seen: 0,
             actor: None,
             reactor: None,
@@ -475,17 +472,20 @@ impl Worker {
         deadline: Option<Instant>,
         wait: &mut W,
     ) -> Result<(Reply, Vec<u8>), Broken> {
-        self.reply_within(deadline, &mut Spin::now_for(pace::FIRST_SPIN), wait)
-            .await
+        let (reply, payload, _) = self
+            .reply_within(deadline, &mut Spin::now_for(pace::FIRST_SPIN), wait)
+            .await?;
+        Ok((reply, payload))
     }
 
-    /// `reply`, checking for it without sleeping during `spin`.
+    /// `reply`, checking for it without sleeping during `spin`; with how the worker waited for
+    /// the request (the reply's `w`).
     async fn reply_within<W: Wait>(
         &mut self,
         deadline: Option<Instant>,
         spin: &mut Spin,
         wait: &mut W,
-    ) -> Result<(Reply, Vec<u8>), Broken> {
+    ) -> Result<(Reply, Vec<u8>, Option<pace::Waited>), Broken> {
         let frame = wire::recv_with(&self.sock, deadline, self.alive(), spin, wait).await?;
         let protocol::Decoded {
             q,
@@ -493,13 +493,12 @@ impl Worker {
             payload,
             waited,
         } = protocol::decode(frame)?;
-        self.worker_waited = waited;
         if q != self.seq {
             return Err(Broken::Protocol(
                 "sent a reply to another request than the one it was given".to_owned(),
             ));
         }
-        Ok((reply, payload))
+        Ok((reply, payload, waited))
     }
 
     /// Loads the module `load` names, unless it is loaded: with its own limit (a body's time
@@ -569,11 +568,12 @@ impl Worker {
         let sent = Instant::now();
         let mut spin = self.pace.spin(function, sent);
         loop {
-            let (reply, payload) = self.reply_within(deadline, &mut spin, wait).await?;
+            let (reply, payload, worker_waited) =
+                self.reply_within(deadline, &mut spin, wait).await?;
             let waited = std::mem::replace(&mut spin, Spin::now_for(pace::FIRST_SPIN));
             let waits = Waits {
                 caller: waited.waited,
-                worker: self.worker_waited,
+                worker: worker_waited,
             };
             let result_len = self.result.as_ref().map_or(0, Arena::len);
             let checked = reply.check([input_len, result_len], ex.outs.as_deref())?;
