@@ -324,6 +324,48 @@ impl Error {
         }
     }
 
+    /// This error as each caller of a batch gets it (`Batch`): the same kind, exception and
+    /// message, which says the body ran on a batch of `calls` calls.
+    pub(crate) fn of_batch(&self, op: &str, calls: usize) -> Self {
+        let note = format!(" (the body ran on a batch of {calls} calls)");
+        match self {
+            Error::Python {
+                op,
+                kind,
+                exception,
+                message,
+                traceback,
+            } => Error::Python {
+                op: op.clone(),
+                kind: *kind,
+                exception: exception.clone(),
+                message: format!("{message}{note}"),
+                traceback: traceback.clone(),
+            },
+            Error::Mismatch {
+                op,
+                kind,
+                index,
+                what,
+            } => Error::Mismatch {
+                op: op.clone(),
+                kind: *kind,
+                index: *index,
+                what: format!("{what}{note}"),
+            },
+            Error::Op { op, kind, message } => Error::Op {
+                op: op.clone(),
+                kind: *kind,
+                message: format!("{message}{note}"),
+            },
+            Error::Candle(e) => Error::op_failure(
+                op,
+                ErrorKind::Candle,
+                format!("{}{note}", candle_message(e)),
+            ),
+        }
+    }
+
     /// Names the op, if the error was made before the op was known.
     pub(crate) fn with_op_if_none(self, name: &str) -> Self {
         if self.op().is_none() && !matches!(self, Error::Candle(_)) {

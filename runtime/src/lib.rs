@@ -46,7 +46,7 @@ pub use python::env::{EnvSource, Interpreter, PythonEnv};
 pub use python::exceptions::{error_to_python, OpTimeout, RustError};
 pub use registry::decl::{GradDecl, OpDecl, SourceDecl, StaticOp};
 pub use registry::{op_stats, registered_op, registered_ops};
-pub use spec::{numpy_can_hold, Mode, OutSpec};
+pub use spec::{numpy_can_hold, Batch, Mode, OutSpec};
 pub use stats::{set_timing, OpStats};
 pub use tools::gradcheck::{gradcheck, GradCheck, GradReport};
 pub use tools::manifest::manifest_json;
@@ -100,7 +100,7 @@ pub mod __private {
     pub use crate::python::env::BuildEnv;
     pub use crate::registry::decl::{relocate_sources, OpDeclParts};
     pub use crate::registry::{declared_at, Registration};
-    pub use crate::{Arg, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
+    pub use crate::{Arg, Batch, GradDecl, Mode, OpDecl, OutSpec, SourceDecl, StaticOp};
     pub use candle_core::{DType, Device, Tensor};
     pub use inventory;
 

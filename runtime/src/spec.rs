@@ -244,6 +244,72 @@ pub(crate) fn tout_named(tout: &[OutSpec], params: &[&str]) -> String {
     }
 }
 
+/// Dynamic micro-batching ([`OpBuilder::batch`](crate::OpBuilder::batch), `#[py_op(batch(max =
+/// 64, wait_us = 200))]`): concurrent calls of the op from different threads are gathered along
+/// axis 0 of their batched inputs, the body runs once on the stacked inputs, and each caller gets
+/// its own rows of every output. The body must treat rows independently (a row's result depends
+/// on that row alone), as a vectorised `predict` or a row-wise transform does.
+///
+/// ```
+/// use std::time::Duration;
+/// use pyop::Batch;
+///
+/// let batch = Batch::new(64).wait(Duration::from_micros(200));
+/// assert_eq!(batch.max, 64);
+/// // Only the first argument is stacked; the others must be the same for every call in a batch.
+/// let some = Batch::new(8).inputs([0]);
+/// assert_eq!(some.inputs.as_deref(), Some(&[0][..]));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Batch {
+    /// The most calls one body call serves (at least 1).
+    pub max: usize,
+    /// How long a call that found no company waits for more before its batch runs (zero: a batch
+    /// is only what is already queued).
+    pub wait: std::time::Duration,
+    /// The arguments (by index, counting every argument) stacked along axis 0; `None`: every
+    /// tensor argument. Arguments not stacked must be equal for every call of one batch (a
+    /// tensor: the same tensor; a plain value: the same value).
+    pub inputs: Option<Cow<'static, [usize]>>,
+}
+
+impl Batch {
+    /// Batches of at most `max` calls, formed without waiting, every tensor argument stacked.
+    pub const fn new(max: usize) -> Self {
+        Self {
+            max,
+            wait: std::time::Duration::ZERO,
+            inputs: None,
+        }
+    }
+
+    /// A call that found no company waits at most `wait` for more.
+    pub const fn wait(mut self, wait: std::time::Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Only the arguments at these indices are stacked.
+    pub fn inputs(mut self, inputs: impl Into<Vec<usize>>) -> Self {
+        self.inputs = Some(Cow::Owned(inputs.into()));
+        self
+    }
+
+    /// What `#[py_op(batch(...))]` writes in a `static`; not a public API.
+    #[doc(hidden)]
+    pub const fn __declared(max: usize, wait_us: u64, inputs: Option<&'static [usize]>) -> Self {
+        Self {
+            max,
+            wait: std::time::Duration::from_micros(wait_us),
+            inputs: match inputs {
+                Some(i) => Some(Cow::Borrowed(i)),
+                None => None,
+            },
+        }
+    }
+}
+
 /// Evaluates `$body` with `$T` the Rust element type of `$dtype`, for the dtypes NumPy can hold
 /// (see [`numpy_can_hold`]); `$other` for the rest. The one place that maps the two.
 macro_rules! with_numpy_element {

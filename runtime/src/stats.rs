@@ -51,6 +51,10 @@ pub(crate) struct Counters {
     worker_ns: AtomicU64,
     worker_bytes_in: AtomicU64,
     worker_bytes_out: AtomicU64,
+    batches: AtomicU64,
+    batched_calls: AtomicU64,
+    max_batch: AtomicU64,
+    batch_wait_ns: AtomicU64,
 }
 
 /// A snapshot of an op's counters.
@@ -80,6 +84,28 @@ pub struct OpStats {
     /// Bytes worker processes copied into shared memory for this op's results (none for a
     /// returned input, a view of one, or an `out` buffer: those are read where they lie).
     pub worker_bytes_out: u64,
+    /// Body calls a batching op ([`Batch`](crate::Batch)) made, each for one batch of calls
+    /// (a call alone is a batch of one).
+    pub batches: u64,
+    /// Calls those batches served (`batched_calls / batches` is the mean batch size:
+    /// [`mean_batch`](Self::mean_batch)).
+    pub batched_calls: u64,
+    /// The most calls one batch served.
+    pub max_batch: u64,
+    /// Time calls of a batching op waited, queued, for their batch's body to start (the wait for
+    /// company, and for the batch before theirs).
+    pub batch_wait: Duration,
+}
+
+impl OpStats {
+    /// The mean number of calls a batch served (0 before the first batch).
+    pub fn mean_batch(&self) -> f64 {
+        if self.batches == 0 {
+            0.0
+        } else {
+            self.batched_calls as f64 / self.batches as f64
+        }
+    }
 }
 
 impl Counters {
@@ -114,6 +140,17 @@ impl Counters {
         self.worker_bytes_out.fetch_add(copied_out, Relaxed);
     }
 
+    /// Counts one batch of `calls` calls, which waited `waited` in all before it started.
+    pub(crate) fn record_batch(&self, calls: usize, waited: Duration) {
+        self.batches.fetch_add(1, Relaxed);
+        self.batched_calls.fetch_add(calls as u64, Relaxed);
+        self.max_batch.fetch_max(calls as u64, Relaxed);
+        if !waited.is_zero() {
+            self.batch_wait_ns
+                .fetch_add(waited.as_nanos() as u64, Relaxed);
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> OpStats {
         OpStats {
             calls: self.calls.load(Relaxed),
@@ -124,6 +161,10 @@ impl Counters {
             worker_time: Duration::from_nanos(self.worker_ns.load(Relaxed)),
             worker_bytes_in: self.worker_bytes_in.load(Relaxed),
             worker_bytes_out: self.worker_bytes_out.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            batched_calls: self.batched_calls.load(Relaxed),
+            max_batch: self.max_batch.load(Relaxed),
+            batch_wait: Duration::from_nanos(self.batch_wait_ns.load(Relaxed)),
         }
     }
 }

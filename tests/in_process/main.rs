@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod batch_tests;
 mod device_tests;
 mod dlpack_tests;
 mod executor_tests;

@@ -31,6 +31,7 @@ impl PyOp {
             gradient: None,
             timeout: None,
             pool: None,
+            batch: None,
         }
     }
 }
@@ -68,6 +69,7 @@ pub struct OpBuilder {
     gradient: Option<GradientSpec>,
     timeout: Option<Duration>,
     pool: Option<WorkerPool>,
+    batch: Option<crate::spec::Batch>,
 }
 
 enum GradientSpec {
@@ -243,6 +245,43 @@ impl OpBuilder {
         self
     }
 
+    /// Serves concurrent calls from different threads with one body call on their stacked
+    /// inputs (dynamic micro-batching, see [`Batch`](crate::Batch) and the guide's chapter on
+    /// batching). Each caller gets exactly its own rows of every output, checked against its own
+    /// `tout`; the body must treat rows independently.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pyop::candle::{DType, Device, Tensor};
+    /// use pyop::{Arg, Batch, OutSpec, PyOp};
+    ///
+    /// let op = PyOp::builder("scale")
+    ///     .code("def scale(x):\n    return x * 2")
+    ///     .numpy()
+    ///     .batch(Batch::new(64).wait(Duration::from_micros(200)))
+    ///     .tout([OutSpec::with_shape(DType::F32, &[None, Some(3)])])
+    ///     .build()?;
+    /// let rows = std::thread::scope(|s| {
+    ///     let calls: Vec<_> = (0..4)
+    ///         .map(|i| {
+    ///             let op = &op;
+    ///             s.spawn(move || {
+    ///                 let x = Tensor::new(&[[i as f32; 3]], &Device::Cpu)?;
+    ///                 op.call(&[Arg::from(&x)])
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     calls.into_iter().map(|c| c.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(rows[3][0].to_vec2::<f32>()?, [[6.0, 6.0, 6.0]]);
+    /// assert!(op.stats().batches >= 1);
+    /// # Ok::<(), pyop::Error>(())
+    /// ```
+    pub fn batch(mut self, batch: crate::spec::Batch) -> Self {
+        self.batch = Some(batch);
+        self
+    }
+
     /// Loads the source (in a namespace of the op's own) and finds the body and gradient.
     pub fn build(self) -> Result<PyOp> {
         self.build_in(false)
@@ -304,6 +343,27 @@ impl OpBuilder {
                     InvalidArgument,
                     "a body or gradient given as a Python callable cannot run in a worker \
                      process: give its source (code, a file, a package or a module)"
+                );
+            }
+        }
+        if let Some(batch) = &self.batch {
+            if batch.max == 0 {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "a batch of at most 0 calls: give `max` of 1 or more"
+                );
+            }
+            if let Some((i, o)) = tout.iter().enumerate().find(|(_, o)| {
+                o.shape
+                    .as_ref()
+                    .is_some_and(|s| s.first().is_none_or(Option::is_some))
+            }) {
+                bail!(
+                    &name,
+                    InvalidArgument,
+                    "output {i} is declared `{o}`, but a batching op's outputs have the batch's \
+                     rows along axis 0: declare that axis `_`"
                 );
             }
         }
@@ -393,6 +453,7 @@ impl OpBuilder {
                 function,
                 gradient_name,
                 workers,
+                batcher: self.batch.map(super::batch::Batcher::new),
                 _module: module,
             }),
         })

@@ -60,8 +60,24 @@ impl PyOp {
 
     /// The call itself; `call_outputs` counts the GIL acquisitions it makes.
     fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Outputs> {
+        match &self.inner.batcher {
+            Some(batcher) => self.call_batched(batcher, args, options),
+            None => self.call_unbatched(args, options, None),
+        }
+    }
+
+    /// One body call: of one call, or of a batch of `batch` calls (`op::batch`).
+    pub(super) fn call_unbatched(
+        &self,
+        args: &[Arg<'_>],
+        options: &CallOptions<'_>,
+        batch: Option<usize>,
+    ) -> Result<Outputs> {
         let op = &*self.inner;
         let before = op.before(args, options.device, options.timeout)?;
+        if let Some(n) = batch {
+            before.span.record("batch", n);
+        }
         let _entered = before.span.enter();
         let outputs = match &op.workers {
             Some(workers) => op.run_in_worker(
@@ -131,7 +147,8 @@ impl OpInner {
             mode = op.mode.as_str(),
             device = ?device.location(),
             worker = tracing::field::Empty,
-            node = tracing::field::Empty
+            node = tracing::field::Empty,
+            batch = tracing::field::Empty
         );
         // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
         let needs_node =

@@ -4,6 +4,7 @@
 
 pub(crate) mod autograd;
 pub(crate) mod awaited;
+pub(crate) mod batch;
 pub(crate) mod builder;
 pub(crate) mod call;
 pub(crate) mod gradient;
@@ -47,6 +48,8 @@ pub(crate) struct OpInner {
     /// The pool the body runs in, when it runs in worker processes.
     pub(crate) workers: Option<worker_call::load::Workers>,
     pub counters: Counters,
+    /// Gathers concurrent calls into one body call, when the op batches (`OpBuilder::batch`).
+    pub(crate) batcher: Option<batch::Batcher>,
     /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
     owns_lines: bool,
     /// Keeps a run-time op's private namespace alive for as long as the op.
@@ -143,6 +146,11 @@ impl PyOp {
     /// Where the body came from (`None` for a body given as a callable).
     pub fn source(&self) -> Option<&Source> {
         self.inner.source.as_ref()
+    }
+
+    /// How the op batches concurrent calls, if it does.
+    pub fn batching(&self) -> Option<&crate::spec::Batch> {
+        self.inner.batcher.as_ref().map(|b| &b.batch)
     }
 
     /// What the op has cost so far.

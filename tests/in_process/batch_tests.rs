@@ -1,0 +1,503 @@
+//! Dynamic micro-batching (`Batch`): concurrent calls served by one body call. Each caller's
+//! result is exactly what the unbatched op gives; errors, time limits and gradients are each
+//! caller's; calls of different dtypes, trailing shapes or unstacked arguments never share a
+//! batch.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use pyop::candle::{DType, Device, Tensor, Var};
+use pyop::{Arg, Batch, CallOptions, ErrorKind, OutSpec, PyOp};
+
+use crate::common::within;
+
+/// `f(i)` on `n` threads released together; their results in order.
+fn together<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let start = Barrier::new(n);
+    std::thread::scope(|s| {
+        let calls: Vec<_> = (0..n)
+            .map(|i| {
+                let (f, start) = (&f, &start);
+                s.spawn(move || {
+                    start.wait();
+                    f(i)
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    })
+}
+
+/// A row-wise body with two outputs: `x @ w + b` (exact on these small integers) and each row's
+/// sum; and the same op without batching.
+const AFFINE: &str = "
+import numpy as np
+W = np.arange(12, dtype=np.float64).reshape(3, 4) - 5
+def affine(x):
+    y = x.astype(np.float64) @ W + 1
+    return y.astype(x.dtype), x.sum(axis=1)
+";
+
+fn affine(batch: Option<Batch>) -> PyOp {
+    let mut b = PyOp::builder("affine").code(AFFINE).numpy().tout([
+        OutSpec::shaped(DType::F32, vec![None, Some(4)]).with_dtype_of(0),
+        OutSpec::shaped(DType::F32, vec![None]).with_dtype_of(0),
+    ]);
+    if let Some(batch) = batch {
+        b = b.batch(batch);
+    }
+    b.build().unwrap()
+}
+
+/// Rows of small integers, seeded: a call's input.
+fn rows(seed: u64, n: usize, dtype: DType) -> Tensor {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f64> = (0..n * 3)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((s >> 40) % 17) as f64 - 8.0
+        })
+        .collect();
+    Tensor::from_vec(v, (n, 3), &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn values(t: &Tensor) -> (Vec<usize>, Vec<f64>) {
+    let dims = t.dims().to_vec();
+    let v = t
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    (dims, v)
+}
+
+#[test]
+fn each_caller_gets_exactly_what_the_unbatched_op_gives() {
+    within(120, "batched affine", || {
+        let plain = affine(None);
+        let op = affine(Some(Batch::new(16).wait(Duration::from_millis(2))));
+        // 8 threads, 25 calls each, 0 to 4 rows a call, f32 and f64, all at once.
+        let got = together(8, |t| {
+            (0..25)
+                .map(|c| {
+                    let seed = (t * 100 + c) as u64;
+                    let dtype = if (t + c) % 3 == 0 {
+                        DType::F64
+                    } else {
+                        DType::F32
+                    };
+                    let x = rows(seed, (seed % 5) as usize, dtype);
+                    let mine = op.call(&[Arg::from(&x)]).unwrap();
+                    (x, mine)
+                })
+                .collect::<Vec<_>>()
+        });
+        for (x, mine) in got.iter().flatten() {
+            let want = plain.call(&[Arg::from(x)]).unwrap();
+            assert_eq!(mine.len(), 2);
+            for (m, w) in mine.iter().zip(&want) {
+                assert_eq!(m.dtype(), x.dtype());
+                assert_eq!(values(m), values(w));
+                assert!(
+                    !m.track_op(),
+                    "an untracked caller's output is not in a graph"
+                );
+            }
+        }
+        let stats = op.stats();
+        assert_eq!(stats.batched_calls, 200);
+        assert!(stats.batches < 200, "no call was batched: {stats:?}");
+        assert!(stats.max_batch > 1 && stats.max_batch <= 16, "{stats:?}");
+        // One body call a batch.
+        assert_eq!(stats.calls, stats.batches);
+        assert!(stats.mean_batch() > 1.0);
+    });
+}
+
+/// The body sees one dtype and one trailing shape a call: it says which it got, and a mixed
+/// batch would fail its stacking.
+#[test]
+fn calls_of_different_dtypes_shapes_or_unstacked_values_never_share_a_batch() {
+    within(120, "kinds", || {
+        let op = PyOp::builder("scaled")
+            .code(
+                "import numpy as np\n\
+                 def scaled(x, k):\n\
+                 \x20   return x * k, np.full(len(x), x.shape[1] * 10 + x.itemsize, dtype=np.int64)",
+            )
+            .numpy()
+            .batch(Batch::new(64).wait(Duration::from_millis(20)).inputs([0]))
+            .tout([
+                OutSpec::new(DType::F32).with_dtype_of(0),
+                OutSpec::shaped(DType::I64, vec![None]),
+            ])
+            .build()
+            .unwrap();
+        let got = together(8, |t| {
+            let dtype = if t % 2 == 0 { DType::F32 } else { DType::F64 };
+            let cols = 2 + t % 3;
+            let k = (t / 4) as f64 + 1.0;
+            let x = Tensor::ones((2, cols), DType::F32, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let out = op.call(&[Arg::from(&x), Arg::from(k)]).unwrap();
+            (dtype, cols, k, out)
+        });
+        for (dtype, cols, k, out) in got {
+            assert_eq!(values(&out[0]), (vec![2, cols], vec![k; 2 * cols]));
+            let tag = (cols * 10 + dtype.size_in_bytes()) as i64;
+            assert_eq!(out[1].to_vec1::<i64>().unwrap(), [tag, tag]);
+        }
+        // 2 dtypes × 3 widths × 2 scales: at least 8 kinds for 8 calls of at most 2 alike.
+        assert!(op.stats().batches >= 6, "{:?}", op.stats());
+    });
+}
+
+#[test]
+fn an_exception_fails_every_caller_of_its_batch_with_the_same_error() {
+    within(120, "batch error", || {
+        let op = PyOp::builder("checked")
+            .code(
+                "def checked(x):\n\
+                 \x20   if (x < 0).any():\n\
+                 \x20       raise ValueError('a negative row')\n\
+                 \x20   return x + 1",
+            )
+            .numpy()
+            .batch(Batch::new(3).wait(Duration::from_secs(30)))
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        // Three calls fill a batch of three; one has a negative row.
+        let got = together(3, |t| {
+            let x = Tensor::new(&[[if t == 1 { -1f32 } else { 1. }]], &Device::Cpu).unwrap();
+            op.call(&[Arg::from(&x)])
+        });
+        for r in got {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert_eq!(e.exception(), Some("ValueError"));
+            assert_eq!(
+                e.message(),
+                "a negative row (the body ran on a batch of 3 calls)"
+            );
+            assert!(e.traceback().unwrap().contains("in checked"));
+        }
+        let stats = op.stats();
+        assert_eq!((stats.batches, stats.max_batch, stats.errors), (1, 3, 1));
+        // A call alone fails with the plain message.
+        let op1 = PyOp::builder("checked1")
+            .code("def checked1(x):\n    raise ValueError('a negative row')")
+            .numpy()
+            .batch(Batch::new(3))
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        let x = Tensor::new(&[[1f32]], &Device::Cpu).unwrap();
+        let e = op1.call(&[Arg::from(&x)]).unwrap_err();
+        assert_eq!(e.message(), "a negative row");
+    });
+}
+
+/// An output without the batch's rows along axis 0 fails the batch; an output with them that
+/// breaks one caller's declared shape fails that caller.
+#[test]
+fn outputs_without_the_batch_rows_are_refused() {
+    within(120, "batch outputs", || {
+        let op = PyOp::builder("total")
+            .code("def total(x):\n    return x.sum(axis=0)")
+            .numpy()
+            .batch(Batch::new(2).wait(Duration::from_secs(30)))
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        let got = together(2, |_| {
+            let x = Tensor::ones((3, 2), DType::F32, &Device::Cpu).unwrap();
+            op.call(&[Arg::from(&x)])
+        });
+        for r in got {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::OutputMismatch);
+            assert_eq!(e.index(), Some(0));
+            assert_eq!(
+                e.message(),
+                "output 0 has shape [2]; a batching op's outputs have the batch's 6 rows along \
+                 axis 0 (the body ran on a batch of 2 calls)"
+            );
+        }
+    });
+}
+
+#[test]
+fn inputs_a_batch_cannot_stack_are_refused_before_the_call() {
+    let op = affine(Some(Batch::new(4)));
+    let zero_d = Tensor::new(1f32, &Device::Cpu).unwrap();
+    let e = op.call(&[Arg::from(&zero_d)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("argument 0 is a 0-d tensor"), "{e}");
+    let two = PyOp::builder("pair")
+        .code("def pair(x, y):\n    return x + y")
+        .numpy()
+        .batch(Batch::new(4))
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = Tensor::ones((2, 1), DType::F32, &Device::Cpu).unwrap();
+    let y = Tensor::ones((3, 1), DType::F32, &Device::Cpu).unwrap();
+    let e = two.call(&[Arg::from(&x), Arg::from(&y)]).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "argument 0 has 2 rows and argument 1 has 3: a batching op's stacked inputs have the same \
+         size along axis 0"
+    );
+    let e = two.call(&[Arg::from(1.0), Arg::from(2.0)]).unwrap_err();
+    assert!(e.message().starts_with("no argument is stacked"), "{e}");
+    let listed = PyOp::builder("listed")
+        .code("def listed(x, k):\n    return x * k")
+        .numpy()
+        .batch(Batch::new(4).inputs([1]))
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let e = listed.call(&[Arg::from(&x), Arg::from(2.0)]).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "argument 1 is stacked by the op's batching but is not a tensor"
+    );
+    assert_eq!(two.stats().calls, 0, "no body call");
+}
+
+#[test]
+fn a_batching_op_declares_its_outputs_with_a_free_axis_0() {
+    let build = |batch: Batch, out: OutSpec| {
+        PyOp::builder("f")
+            .code("def f(x):\n    return x")
+            .numpy()
+            .batch(batch)
+            .tout([out])
+            .build()
+    };
+    let e = build(Batch::new(0), OutSpec::new(DType::F32)).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "a batch of at most 0 calls: give `max` of 1 or more"
+    );
+    let e = build(
+        Batch::new(4),
+        OutSpec::shaped(DType::F32, vec![Some(1), Some(3)]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.message(),
+        "output 0 is declared `f32[1, 3]`, but a batching op's outputs have the batch's rows \
+         along axis 0: declare that axis `_`"
+    );
+    assert!(build(Batch::new(4), OutSpec::shaped(DType::F32, vec![])).is_err());
+    let op = build(Batch::new(4), OutSpec::same_as(0)).unwrap();
+    assert_eq!(op.batching(), Some(&Batch::new(4)));
+}
+
+/// A time limit is each caller's own: calls with different limits are never in one batch, and
+/// a batch runs under its calls' limit.
+#[test]
+fn a_time_limit_is_each_callers_own() {
+    within(120, "batch time limits", || {
+        let op = PyOp::builder("slow")
+            .code(
+                "import time\n\
+                 def slow(x):\n\
+                 \x20   time.sleep(float(x.max()))\n\
+                 \x20   return x + 1",
+            )
+            .numpy()
+            .batch(Batch::new(8).wait(Duration::from_millis(50)))
+            .tout([OutSpec::new(DType::F32)])
+            .build()
+            .unwrap();
+        let got = together(4, |t| {
+            // Two calls limited to 100 ms, with a row that sleeps 0.5 s; two without a limit.
+            let limited = t < 2;
+            let x = Tensor::new(
+                &[[if limited && t == 0 { 0.5f32 } else { 0.0 }]],
+                &Device::Cpu,
+            )
+            .unwrap();
+            let options = if limited {
+                CallOptions::new().timeout(Duration::from_millis(100))
+            } else {
+                CallOptions::new()
+            };
+            op.call_with(&[Arg::from(&x)], &options)
+        });
+        for (t, r) in got.into_iter().enumerate() {
+            if t < 2 {
+                let e = r.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+                assert!(
+                    e.message()
+                        .ends_with("(the body ran on a batch of 2 calls)"),
+                    "{e}"
+                );
+            } else {
+                assert_eq!(r.unwrap()[0].to_vec2::<f32>().unwrap(), [[1.0]]);
+            }
+        }
+        let stats = op.stats();
+        assert_eq!((stats.batches, stats.max_batch), (2, 2), "{stats:?}");
+    });
+}
+
+/// Gradients flow to each caller's own inputs: tensor mode through the body's candle ops,
+/// numpy mode through its registered gradient, run on the batch and split back.
+#[test]
+fn gradients_reach_each_callers_inputs() {
+    within(120, "batch gradients", || {
+        let tensor = PyOp::builder("cube")
+            .code("def cube(x):\n    return x * x * x")
+            .batch(Batch::new(8).wait(Duration::from_millis(20)))
+            .tout([OutSpec::same_as(0)])
+            .build()
+            .unwrap();
+        let numpy = PyOp::builder("ncube")
+            .code(
+                "def ncube(x):\n    return x ** 3\n\
+                 def ncube_grad(inputs, outputs, grads):\n    (x,), (g,) = inputs, grads\n    return (3 * x * x * g,)",
+            )
+            .numpy()
+            .gradient("ncube_grad")
+            .batch(Batch::new(8).wait(Duration::from_millis(20)))
+            .tout([OutSpec::same_as(0)])
+            .build()
+            .unwrap();
+        for op in [&tensor, &numpy] {
+            let got = together(5, |t| {
+                let v = Var::new(&[[t as f32 + 1., -(t as f32)]], &Device::Cpu).unwrap();
+                if t == 4 {
+                    // A caller whose input is not tracked, in the batch of tracked ones: its
+                    // output is in no graph, as an unbatched call's.
+                    let y = op.call(&[Arg::from(&v.as_tensor().detach())]).unwrap();
+                    assert!(!y[0].track_op(), "{}", op.name());
+                    return (
+                        t as f32,
+                        y[0].to_vec2::<f32>().unwrap(),
+                        vec![vec![75., 48.]],
+                    );
+                }
+                let y = op.call(&[Arg::from(v.as_tensor())]).unwrap();
+                let grads = y[0].sum_all().unwrap().backward().unwrap();
+                let g = grads.get(&v).unwrap().to_vec2::<f32>().unwrap();
+                (t as f32, y[0].to_vec2::<f32>().unwrap(), g)
+            });
+            for (t, y, g) in got {
+                let (a, b) = (t + 1., -t);
+                assert_eq!(y, [[a * a * a, b * b * b]], "{}", op.name());
+                assert_eq!(g, [[3. * a * a, 3. * b * b]], "{}", op.name());
+            }
+            assert!(op.stats().max_batch > 1, "{}: {:?}", op.name(), op.stats());
+        }
+    });
+}
+
+/// A call alone waits up to `wait` for company, then runs; with `wait` zero it is the ordinary
+/// call on the caller's own tensors.
+#[test]
+fn a_call_alone_waits_at_most_its_wait() {
+    let op = affine(Some(Batch::new(4).wait(Duration::from_millis(30))));
+    let x = rows(1, 2, DType::F32);
+    let y = op.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(
+        values(&y[0]),
+        values(&affine(None).call(&[Arg::from(&x)]).unwrap()[0])
+    );
+    let stats = op.stats();
+    assert_eq!(
+        (stats.batches, stats.batched_calls, stats.max_batch),
+        (1, 1, 1)
+    );
+    assert!(stats.batch_wait >= Duration::from_millis(30), "{stats:?}");
+    let eager = PyOp::builder("same")
+        .code("def same(x):\n    return x")
+        .numpy()
+        .batch(Batch::new(4))
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap();
+    let y = eager.call(&[Arg::from(&x)]).unwrap();
+    // The input handed back is the input: no stacking, no copy.
+    assert_eq!(crate::common::data_ptr(&y[0]), crate::common::data_ptr(&x));
+    assert_eq!(eager.stats().batch_wait, Duration::ZERO);
+}
+
+/// A batch is one request to a worker process.
+#[test]
+fn a_batch_is_one_request_to_a_worker() {
+    within(180, "batched workers", || {
+        let op = PyOp::builder("affine_w")
+            .code(AFFINE.replace("def affine", "def affine_w"))
+            .numpy()
+            .workers(1)
+            .batch(Batch::new(8).wait(Duration::from_millis(20)))
+            .tout([
+                OutSpec::shaped(DType::F32, vec![None, Some(4)]).with_dtype_of(0),
+                OutSpec::shaped(DType::F32, vec![None]).with_dtype_of(0),
+            ])
+            .build()
+            .unwrap();
+        let plain = affine(None);
+        let got = together(6, |t| {
+            let x = rows(t as u64, 1 + t % 3, DType::F32);
+            let y = op.call(&[Arg::from(&x)]).unwrap();
+            (x, y)
+        });
+        for (x, y) in &got {
+            let want = plain.call(&[Arg::from(x)]).unwrap();
+            assert_eq!(values(&y[0]), values(&want[0]));
+            assert_eq!(values(&y[1]), values(&want[1]));
+        }
+        let stats = op.stats();
+        let pool = op.pool().unwrap().stats();
+        assert_eq!(pool.calls, stats.batches, "one request a batch: {pool:?}");
+        assert!(stats.max_batch > 1, "{stats:?}");
+    });
+}
+
+/// Many threads hammering a batching op end with every call answered (no lost lead).
+#[test]
+fn many_callers_many_times_all_answered() {
+    within(120, "batch stress", || {
+        let op = Arc::new(
+            PyOp::builder("inc")
+                .code("def inc(x):\n    return x + 1")
+                .numpy()
+                .batch(Batch::new(3))
+                .tout([OutSpec::same_as(0)])
+                .build()
+                .unwrap(),
+        );
+        let sums = together(8, |t| {
+            let mut total = 0f32;
+            for c in 0..300 {
+                let x = Tensor::new(&[[(t * 1000 + c) as f32]], &Device::Cpu).unwrap();
+                let y = op.call(&[Arg::from(&x)]).unwrap();
+                assert_eq!(
+                    y[0].to_vec2::<f32>().unwrap(),
+                    [[(t * 1000 + c) as f32 + 1.]]
+                );
+                total += 1.;
+            }
+            total
+        });
+        assert_eq!(sums.iter().sum::<f32>(), 2400.);
+        let stats = op.stats();
+        assert_eq!(stats.batched_calls, 2400);
+        assert!(stats.max_batch <= 3);
+    });
+}
