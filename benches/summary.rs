@@ -563,6 +563,16 @@ fn interleaved(cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Timed> {
         .collect()
 }
 
+/// [`interleaved`] over boxed runs (dropped when timed: they may hold what the cases' ops
+/// need released).
+fn interleaved_runs(mut runs: Vec<Box<dyn FnMut() -> Duration + '_>>) -> Vec<Timed> {
+    let mut refs: Vec<&mut dyn FnMut() -> Duration> = runs
+        .iter_mut()
+        .map(|r| &mut **r as &mut dyn FnMut() -> Duration)
+        .collect();
+    interleaved(&mut refs)
+}
+
 /// How a worker op's calls were waited for on both sides, per call, over the runs it was given
 /// (the pool's `WaitStats`), as `key=value` fields for its case's line: the share of calls each
 /// side caught checking, missed after checking, or slept through without checking, the µs each
@@ -978,6 +988,81 @@ fn round_trip_group(n: usize, trips: usize) {
     }
 }
 
+/// The body of the batching cases: one row (or a batch of rows) times a fixed 256×256 weight,
+/// NumPy's matrix product (the vectorisable body a service batches).
+const MATMUL_ROWS: &str = "
+import numpy as np
+W = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+def mm(x):
+    return x @ W
+";
+
+/// `mm` as an op: unbatched, or batching with `batch`.
+fn matmul_rows(batch: Option<pyop::Batch>) -> PyOp {
+    let b = PyOp::builder("mm")
+        .code(MATMUL_ROWS)
+        .numpy()
+        .tout([OutSpec::shaped(DType::F32, vec![None, Some(256)])]);
+    match batch {
+        Some(batch) => b.batch(batch),
+        None => b,
+    }
+    .build()
+    .unwrap()
+}
+
+/// Dynamic micro-batching: 8 threads each calling the (1, 256) × (256, 256) product one row a
+/// call, unbatched and batched (`max = 64, wait_us = 200`), and 1 thread alone, unbatched and
+/// batching with `wait_us = 0`; timed in turns, by throughput (wall time over all calls). A
+/// batched case's line gives its mean batch size.
+fn batch_group(calls: usize) {
+    let plain = matmul_rows(None);
+    let batched = matmul_rows(Some(pyop::Batch::new(64).wait(Duration::from_micros(200))));
+    let eager = matmul_rows(Some(pyop::Batch::new(64)));
+    let cases: Vec<(&str, usize, &PyOp)> = vec![
+        ("unbatched_8threads_1row", 8, &plain),
+        ("batched_8threads_1row", 8, &batched),
+        ("unbatched_1thread_1row", 1, &plain),
+        ("batched_wait0_1thread_1row", 1, &eager),
+        ("batched_wait0_8threads_1row", 8, &eager),
+    ];
+    let cases: Vec<_> = cases.into_iter().filter(|c| wanted(c.0)).collect();
+    if cases.is_empty() {
+        return;
+    }
+    let x = Tensor::randn(0f32, 1., (1, 256), &Device::Cpu).unwrap();
+    let machine = MachineSeen::start();
+    let runs: Vec<Box<dyn FnMut() -> Duration + '_>> = cases
+        .iter()
+        .map(|&(_, threads, op)| {
+            let x = &x;
+            Box::new(move || {
+                threaded_once(threads, calls, &|| {
+                    std::hint::black_box(op.call(&[Arg::from(x)]).unwrap());
+                })
+            }) as Box<dyn FnMut() -> Duration>
+        })
+        .collect();
+    let times = interleaved_runs(runs);
+    if warming_up() {
+        return;
+    }
+    let machine = machine.fields();
+    for ((case, _, op), t) in cases.iter().zip(times) {
+        let stats = op.stats();
+        let batches = if op.batching().is_some() {
+            format!("mean_batch={:.1} ", stats.mean_batch())
+        } else {
+            String::new()
+        };
+        println!(
+            "case={case} median_us={:.3} spread_pct={:.0} {batches}{machine}",
+            t.us(),
+            t.spread * 100.0
+        );
+    }
+}
+
 /// The ~1 ms Python loop (`iters` iterations) from 1 and 2 threads, `calls` calls per thread
 /// per run, in the program and through 2 workers, timed in turns; `busy`: from 2 threads only,
 /// while 2 CPU-bound processes run beside it. Each line has the iterations, how the workers'
@@ -1033,7 +1118,7 @@ fn pyloop_group(
     let _busy = busy.then(|| Busy::start(2));
     let machine = MachineSeen::start();
     let mut waits: Vec<WaitsSeen> = cases.iter().map(|_| WaitsSeen::default()).collect();
-    let mut runs: Vec<Box<dyn FnMut() -> Duration + '_>> = cases
+    let runs: Vec<Box<dyn FnMut() -> Duration + '_>> = cases
         .iter()
         .zip(&mut waits)
         .map(|(&(_, run, op), seen)| {
@@ -1053,13 +1138,7 @@ fn pyloop_group(
             }) as Box<dyn FnMut() -> Duration>
         })
         .collect();
-    let mut refs: Vec<&mut dyn FnMut() -> Duration> = runs
-        .iter_mut()
-        .map(|r| &mut **r as &mut dyn FnMut() -> Duration)
-        .collect();
-    let times = interleaved(&mut refs);
-    drop(refs);
-    drop(runs);
+    let times = interleaved_runs(runs);
     if warming_up() {
         return;
     }
@@ -1250,6 +1329,7 @@ fn main() {
     // Short runs (`interleaved`): 10 calls per thread each.
     pyloop_group(&iters, (calls / 10).max(1), false);
     pyloop_group(&iters, (calls / 10).max(1), true);
+    batch_group(if quick { 2 } else { 100 });
     let x = Tensor::randn(0f64, 1., (256, 256), &Device::Cpu).unwrap();
     report("matmul256_workers2_2threads", || {
         threaded(2, calls, || {

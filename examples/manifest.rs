@@ -5,7 +5,7 @@
 //! $ cargo run --example manifest
 //! [
 //!   {"name":"zscore","rust_path":"manifest::stats::zscore","file":"examples/manifest.rs", ...,
-//!    "mode":"numpy","function":"zscore","tout":"f32","grad":null,
+//!    "mode":"numpy","function":"zscore","tout":"f32","grad":null,"batch":null,
 //!    "source":{"kind":"file","origin":"examples/ops/stats.py","hash":"..."}},
 //!   ...
 //! ]

@@ -167,6 +167,13 @@ fn every_declared_op_is_registered_by_rust_path() {
 #[py_op(code = "def shaped_like(x, y):\n    return x, y * 1.0", tout = (like(x), f64[y]))]
 fn shaped_like(x: &Tensor, y: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
 
+#[py_op(code = "def row_sums(x, w):\n    return (x * w).sum(axis=1)", numpy,
+        batch(max = 64, wait_us = 200, inputs = [x]), tout = f64[_])]
+fn row_sums(x: &Tensor, w: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def doubled(x):\n    return x * 2", numpy, batch(max = 4), tout = like(x))]
+fn doubled(x: &Tensor) -> pyop::Result<Tensor>;
+
 #[test]
 fn the_manifest_is_json_with_everything_declared() {
     let json: serde_json::Value = serde_json::from_str(&pyop::manifest_json()).unwrap();
@@ -203,6 +210,18 @@ fn the_manifest_is_json_with_everything_declared() {
         "no_such_grad"
     );
     assert_eq!(find("devx_tests::lib_fn")["source"]["kind"], "package");
+    // Batching: its settings, the stacked parameters by name (`null`: every tensor one); `null`
+    // for an op that does not batch.
+    assert_eq!(
+        find("devx_tests::row_sums")["batch"],
+        serde_json::json!({"max": 64, "wait_us": 200, "inputs": ["x"]})
+    );
+    assert_eq!(
+        find("devx_tests::doubled")["batch"],
+        serde_json::json!({"max": 4, "wait_us": 0, "inputs": null})
+    );
+    assert!(op["batch"].is_null());
+    assert!(ops.iter().all(|o| o.get("batch").is_some()));
 }
 
 #[test]

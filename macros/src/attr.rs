@@ -1,6 +1,6 @@
 //! Parses the options of `#[py_op(...)]`.
 
-use proc_macro2::{Delimiter, Ident, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Group, Ident, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{LitInt, LitStr};
 
@@ -21,11 +21,12 @@ pub enum KeyName {
     TimeoutMs,
     Workers,
     Pool,
+    Batch,
     Crate,
 }
 
 impl KeyName {
-    pub const ALL: [KeyName; 13] = [
+    pub const ALL: [KeyName; 14] = [
         KeyName::File,
         KeyName::Code,
         KeyName::Module,
@@ -38,6 +39,7 @@ impl KeyName {
         KeyName::TimeoutMs,
         KeyName::Workers,
         KeyName::Pool,
+        KeyName::Batch,
         KeyName::Crate,
     ];
 
@@ -63,6 +65,7 @@ impl KeyName {
             KeyName::TimeoutMs => "timeout_ms",
             KeyName::Workers => "workers",
             KeyName::Pool => "pool",
+            KeyName::Batch => "batch",
             KeyName::Crate => "crate",
         }
     }
@@ -73,21 +76,70 @@ impl KeyName {
 
     /// The key one or two edits away from `s`, if exactly one is.
     fn near(s: &str) -> Option<Self> {
-        let mut close = Self::ALL
-            .into_iter()
-            .filter(|k| edit_distance(k.as_str(), s) <= 2);
-        match (close.next(), close.next()) {
-            (Some(k), None) => Some(k),
-            _ => None,
+        near_in(&Self::ALL, Self::as_str, s)
+    }
+}
+
+/// The settings inside `batch(...)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchKeyName {
+    Max,
+    WaitUs,
+    Inputs,
+}
+
+impl BatchKeyName {
+    pub const ALL: [BatchKeyName; 3] = [
+        BatchKeyName::Max,
+        BatchKeyName::WaitUs,
+        BatchKeyName::Inputs,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchKeyName::Max => "max",
+            BatchKeyName::WaitUs => "wait_us",
+            BatchKeyName::Inputs => "inputs",
         }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The setting one or two edits away from `s`, if exactly one is; any `wait…` is `wait_us`
+    /// (`wait`, `wait_ms`).
+    fn near(s: &str) -> Option<Self> {
+        near_in(&Self::ALL, Self::as_str, s)
+            .or_else(|| s.starts_with("wait").then_some(BatchKeyName::WaitUs))
+    }
+}
+
+/// The one key of `all` one or two edits away from `s`, if exactly one is.
+fn near_in<K: Copy>(all: &[K], name: fn(K) -> &'static str, s: &str) -> Option<K> {
+    let mut close = all
+        .iter()
+        .copied()
+        .filter(|k| edit_distance(name(*k), s) <= 2);
+    match (close.next(), close.next()) {
+        (Some(k), None) => Some(k),
+        _ => None,
     }
 }
 
 /// "`file`, `code`, …": the accepted keys, for messages.
 fn keys() -> String {
-    KeyName::ALL
-        .iter()
-        .map(|k| format!("`{}`", k.as_str()))
+    listed(&KeyName::ALL, KeyName::as_str)
+}
+
+/// "`max`, `wait_us`, `inputs`": the settings `batch(...)` accepts, for messages.
+fn batch_keys() -> String {
+    listed(&BatchKeyName::ALL, BatchKeyName::as_str)
+}
+
+fn listed<K: Copy>(all: &[K], name: fn(K) -> &'static str) -> String {
+    all.iter()
+        .map(|k| format!("`{}`", name(*k)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -184,10 +236,24 @@ pub struct Options {
     pub timeout_ms: Option<Attr<LitInt>>,
     pub workers: Option<Attr<LitInt>>,
     pub pool: Option<Attr<LitStr>>,
+    pub batch: Option<Attr<BatchDecl>>,
     pub krate: Option<Attr<syn::Path>>,
     /// Every key written, valid value or not (and a misspelt one, with its likely meaning): a key
     /// whose value was wrong is not also "missing".
     pub written: Vec<KeyName>,
+}
+
+/// `batch(max = 64, wait_us = 200, inputs = [x])`: each setting as written, those given with a
+/// valid value (a wrong or missing one is an error already).
+pub struct BatchDecl {
+    /// `batch(...)`, for errors about the whole.
+    pub tokens: TokenStream,
+    /// The most calls one body call serves (at least 1).
+    pub max: Option<Attr<LitInt>>,
+    /// How long a call alone waits for company, in microseconds (default 0).
+    pub wait_us: Option<Attr<LitInt>>,
+    /// The parameters stacked along axis 0 (default: every `&Tensor` one).
+    pub inputs: Option<Attr<Vec<Ident>>>,
 }
 
 /// `tout`: one output, a tuple of them, or `()`.
@@ -205,6 +271,8 @@ pub struct OutDecl {
     pub dlpack_ok: bool,
     /// `None` = any shape; entries `None` = any size.
     pub shape: Option<Vec<Option<usize>>>,
+    /// The shape's `[...]` as written, for spans.
+    pub shape_group: Option<Group>,
     /// `f32[x]`: the shape of the tensor parameter `x`.
     pub like: Option<proc_macro2::Ident>,
     /// `x.dtype` (or `like(x)`): the dtype of the tensor parameter `x`, known at call time
@@ -233,10 +301,31 @@ impl Options {
         opts
     }
 
-    /// One `key = value` (or a flag: `numpy`, `dlpack`) of the attribute.
+    /// One `key = value` (or a flag: `numpy`, `dlpack`; or `batch(...)`) of the attribute.
     fn entry(&mut self, cx: &Ctxt, entry: Vec<TokenTree>) {
-        let Some((key, name, value)) = split_entry(cx, entry) else {
+        let Some((key, value)) = split_entry(cx, entry, &keys()) else {
             return;
+        };
+        let name = KeyName::parse(&key.ident.to_string());
+        let value = match (name, value) {
+            (None, _) => return self.unknown(cx, &key),
+            (Some(KeyName::Batch), Value::List(group)) => {
+                self.written.push(KeyName::Batch);
+                let batch = parse_batch(cx, &key, &group);
+                return set(cx, &mut self.batch, key, Some(batch));
+            }
+            (Some(KeyName::Batch), _) => {
+                self.written.push(KeyName::Batch);
+                return cx.error_spanned_by(
+                    &key.ident,
+                    "`batch` takes its settings in parentheses: `batch(max = 64, wait_us = 200)`",
+                );
+            }
+            (Some(_), Value::List(group)) => {
+                return cx.error_spanned_by(&group, format!("expected `=` after `{}`", key.ident));
+            }
+            (Some(_), Value::Flag) => None,
+            (Some(_), Value::Eq(v)) => Some(v),
         };
         let flag = matches!(name, Some(KeyName::Numpy | KeyName::Dlpack));
         if !flag && value.as_ref().is_none_or(|v| v.is_empty()) {
@@ -301,6 +390,7 @@ impl Options {
             KeyName::TimeoutMs => set(cx, &mut self.timeout_ms, key, parse_timeout(cx, value)),
             KeyName::Workers => set(cx, &mut self.workers, key, parse_workers(cx, value)),
             KeyName::Pool => set(cx, &mut self.pool, key, parse_lit_str(cx, value, "pool")),
+            KeyName::Batch => unreachable!("`batch(...)` is parsed by `entry`"),
             KeyName::Crate => set(cx, &mut self.krate, key, parse_crate(cx, value)),
         }
     }
@@ -320,34 +410,178 @@ fn set_flag(cx: &Ctxt, slot: &mut Option<Key>, key: Key, value: TokenStream, nam
     }
 }
 
-/// `key`, `key = value` or an error: the key as written, which key it is, and the value.
-fn split_entry(
-    cx: &Ctxt,
-    entry: Vec<TokenTree>,
-) -> Option<(Key, Option<KeyName>, Option<TokenStream>)> {
+/// What follows a key.
+enum Value {
+    /// Nothing: a flag (`numpy`).
+    Flag,
+    /// `= value` (the value may be empty).
+    Eq(TokenStream),
+    /// `(...)` and nothing after it: settings (`batch(max = 64)`).
+    List(Group),
+}
+
+/// `key`, `key = value`, `key(...)` or an error: the key as written and what follows it. `keys`
+/// lists the keys accepted here, for the error on something that is not one.
+fn split_entry(cx: &Ctxt, entry: Vec<TokenTree>, keys: &str) -> Option<(Key, Value)> {
     let mut it = entry.into_iter();
     let ident = match it.next() {
         Some(TokenTree::Ident(i)) => i,
         Some(other) => {
-            cx.error_spanned_by(&other, format!("expected a key, one of {}", keys()));
+            cx.error_spanned_by(&other, format!("expected a key, one of {keys}"));
             return None;
         }
         None => return None,
     };
     let key = Key { ident };
     let rest: Vec<TokenTree> = it.collect();
-    let value = match rest.first() {
-        None => None,
-        Some(TokenTree::Punct(p)) if p.as_char() == '=' => {
-            Some(rest[1..].iter().cloned().collect::<TokenStream>())
+    let value = match rest.as_slice() {
+        [] => Value::Flag,
+        [TokenTree::Punct(p), ..] if p.as_char() == '=' => {
+            Value::Eq(rest[1..].iter().cloned().collect::<TokenStream>())
         }
-        Some(other) => {
+        [TokenTree::Group(g)] if g.delimiter() == Delimiter::Parenthesis => Value::List(g.clone()),
+        [other, ..] => {
             cx.error_spanned_by(other, format!("expected `=` after `{}`", key.ident));
             return None;
         }
     };
-    let name = KeyName::parse(&key.ident.to_string());
-    Some((key, name, value))
+    Some((key, value))
+}
+
+/// The settings of `batch(...)`: every one checked and reported on its own token; `max` is
+/// required.
+fn parse_batch(cx: &Ctxt, key: &Key, group: &Group) -> BatchDecl {
+    let mut batch = BatchDecl {
+        tokens: quote::quote!(#key #group),
+        max: None,
+        wait_us: None,
+        inputs: None,
+    };
+    let mut written = Vec::new();
+    for entry in split_commas(group.stream()) {
+        let Some((setting, value)) = split_entry(cx, entry, &batch_keys()) else {
+            continue;
+        };
+        let typed = setting.ident.to_string();
+        let Some(name) = BatchKeyName::parse(&typed) else {
+            // A misspelt setting counts as written, so its absence is not a second error.
+            match BatchKeyName::near(&typed) {
+                Some(meant) => {
+                    written.push(meant);
+                    cx.error_spanned_by(
+                        &setting.ident,
+                        format!(
+                            "unknown key `{typed}` in `batch(...)`; did you mean `{}`?",
+                            meant.as_str()
+                        ),
+                    );
+                }
+                None => cx.error_spanned_by(
+                    &setting.ident,
+                    format!(
+                        "unknown key `{typed}` in `batch(...)`; expected one of {}",
+                        batch_keys()
+                    ),
+                ),
+            }
+            continue;
+        };
+        written.push(name);
+        let value = match value {
+            Value::Eq(v) if !v.is_empty() => v,
+            Value::List(g) => {
+                cx.error_spanned_by(&g, format!("expected `=` after `{typed}`"));
+                continue;
+            }
+            Value::Flag | Value::Eq(_) => {
+                cx.error_spanned_by(
+                    &setting.ident,
+                    format!("`{typed}` needs a value: `{typed} = ...`"),
+                );
+                continue;
+            }
+        };
+        match name {
+            BatchKeyName::Max => set(
+                cx,
+                &mut batch.max,
+                setting,
+                parse_positive::<usize>(
+                    cx,
+                    value,
+                    "expected a positive number of calls, the most one body call serves: \
+                     `max = 64`",
+                ),
+            ),
+            BatchKeyName::WaitUs => set(cx, &mut batch.wait_us, setting, parse_wait(cx, value)),
+            BatchKeyName::Inputs => set(cx, &mut batch.inputs, setting, parse_inputs(cx, value)),
+        }
+    }
+    if !written.contains(&BatchKeyName::Max) {
+        cx.error_spanned_by(
+            &batch.tokens,
+            "`batch` needs `max`, the most calls one body call serves: `batch(max = 64)`",
+        );
+    }
+    batch
+}
+
+/// `wait_us = 200`: a whole number of microseconds, 0 included.
+fn parse_wait(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
+    let lit = syn::parse2::<LitInt>(value.clone())
+        .ok()
+        .filter(|l| l.base10_parse::<u64>().is_ok());
+    if lit.is_none() {
+        cx.error_spanned_by(
+            &value,
+            "expected a whole number of microseconds a call waits for others to batch with: \
+             `wait_us = 200` (0: no waiting)",
+        );
+    }
+    lit
+}
+
+/// `inputs = [x, y]`: the names of the parameters stacked, at least one, each once.
+fn parse_inputs(cx: &Ctxt, value: TokenStream) -> Option<Vec<Ident>> {
+    const FORM: &str = "expected the names of the `&Tensor` parameters stacked along axis 0, in \
+         brackets: `inputs = [x]` or `inputs = [x, y]`";
+    let trees: Vec<TokenTree> = value.clone().into_iter().collect();
+    let [TokenTree::Group(g)] = trees.as_slice() else {
+        cx.error_spanned_by(&value, FORM);
+        return None;
+    };
+    if g.delimiter() != Delimiter::Bracket {
+        cx.error_spanned_by(g, FORM);
+        return None;
+    }
+    let mut names: Vec<Ident> = Vec::new();
+    let mut ok = true;
+    for entry in split_commas(g.stream()) {
+        match entry.as_slice() {
+            [TokenTree::Ident(x)] if x != "_" => {
+                if names.contains(x) {
+                    cx.error_spanned_by(x, format!("`{x}` is named twice in `inputs`"));
+                    ok = false;
+                } else {
+                    names.push(x.clone());
+                }
+            }
+            _ => {
+                let ts: TokenStream = entry.iter().cloned().collect();
+                cx.error_spanned_by(&ts, FORM);
+                ok = false;
+            }
+        }
+    }
+    if ok && names.is_empty() {
+        cx.error_spanned_by(
+            g,
+            "`inputs = []` stacks no argument: name the `&Tensor` parameters stacked along axis \
+             0, or leave `inputs` out to stack every one",
+        );
+        return None;
+    }
+    ok.then_some(names)
 }
 
 fn parse_timeout(cx: &Ctxt, value: TokenStream) -> Option<LitInt> {
@@ -516,6 +750,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
                 numpy_ok: true,
                 dlpack_ok: true,
                 shape: None,
+                shape_group: None,
                 like: Some(x.clone()),
                 dtype_of: Some(x.clone()),
             });
@@ -568,6 +803,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         (variant, numpy_ok, dlpack_ok)
     };
     let mut like = None;
+    let mut shape_group = None;
     let shape = match it.next() {
         None => None,
         Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Bracket => {
@@ -577,7 +813,10 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
                     like = Some(i.clone());
                     None
                 }
-                _ => Some(parse_shape(cx, g.stream())?),
+                _ => {
+                    shape_group = Some(g.clone());
+                    Some(parse_shape(cx, g.stream())?)
+                }
             }
         }
         Some(other) => {
@@ -598,6 +837,7 @@ fn parse_out(cx: &Ctxt, spec: Vec<TokenTree>) -> Option<OutDecl> {
         numpy_ok,
         dlpack_ok,
         shape,
+        shape_group,
         like,
         dtype_of,
     })
@@ -680,6 +920,13 @@ mod tests {
         assert_eq!(KeyName::near("nmae"), Some(KeyName::Name));
         assert_eq!(KeyName::near("timeout"), None);
         assert_eq!(KeyName::near("xyz"), None);
+        assert_eq!(KeyName::near("bacth"), Some(KeyName::Batch));
+        assert_eq!(BatchKeyName::near("maxx"), Some(BatchKeyName::Max));
+        assert_eq!(BatchKeyName::near("wait"), Some(BatchKeyName::WaitUs));
+        assert_eq!(BatchKeyName::near("wait_ms"), Some(BatchKeyName::WaitUs));
+        assert_eq!(BatchKeyName::near("input"), Some(BatchKeyName::Inputs));
+        assert_eq!(BatchKeyName::near("rows"), None);
+        assert_eq!(batch_keys(), "`max`, `wait_us`, `inputs`");
     }
 
     #[test]
@@ -731,6 +978,102 @@ mod parse_tests {
         let (t, ok) = tout(quote!(()));
         ok.unwrap();
         assert!(t.unwrap().outputs.is_empty());
+    }
+
+    fn options(ts: TokenStream) -> (Options, Result<(), syn::Error>) {
+        let cx = Ctxt::new();
+        let o = Options::parse(&cx, ts);
+        (o, cx.check())
+    }
+
+    fn messages(ts: TokenStream) -> Vec<String> {
+        let (_, err) = options(ts);
+        err.unwrap_err()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn batch_settings() {
+        let (o, ok) = options(quote!(
+            numpy,
+            batch(max = 64, wait_us = 200, inputs = [x, y])
+        ));
+        ok.unwrap();
+        let b = &o.batch.unwrap().value;
+        let n = |l: &Option<Attr<LitInt>>| l.as_ref().unwrap().value.base10_parse::<u64>().unwrap();
+        assert_eq!(n(&b.max), 64);
+        assert_eq!(n(&b.wait_us), 200);
+        let inputs: Vec<String> = b
+            .inputs
+            .as_ref()
+            .unwrap()
+            .value
+            .iter()
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(inputs, ["x", "y"]);
+        // `wait_us` and `inputs` are optional; `wait_us = 0` is no waiting.
+        let (o, ok) = options(quote!(batch(max = 1)));
+        ok.unwrap();
+        let b = &o.batch.unwrap().value;
+        assert!(b.wait_us.is_none() && b.inputs.is_none());
+        options(quote!(batch(max = 8, wait_us = 0))).1.unwrap();
+    }
+
+    #[test]
+    fn batch_mistakes() {
+        assert_eq!(
+            messages(quote!(batch(wait_us = 200))),
+            ["`batch` needs `max`, the most calls one body call serves: `batch(max = 64)`"]
+        );
+        // A wrong `max` is not also a missing one; nor a misspelt one.
+        assert_eq!(messages(quote!(batch(max = 0))).len(), 1);
+        assert!(
+            messages(quote!(batch(max = 0)))[0].starts_with("expected a positive number of calls")
+        );
+        assert_eq!(
+            messages(quote!(batch(maxx = 4))),
+            ["unknown key `maxx` in `batch(...)`; did you mean `max`?"]
+        );
+        assert_eq!(
+            messages(quote!(batch(max = 4, rows = 2))),
+            ["unknown key `rows` in `batch(...)`; expected one of `max`, `wait_us`, `inputs`"]
+        );
+        assert_eq!(
+            messages(quote!(batch(max = 4, max = 8))),
+            ["`max` may only be specified once"]
+        );
+        assert_eq!(
+            messages(quote!(batch(max))),
+            ["`max` needs a value: `max = ...`"]
+        );
+        assert!(messages(quote!(batch(max = 4, wait_us = -1)))[0]
+            .starts_with("expected a whole number of microseconds"));
+        assert!(messages(quote!(batch(max = 4, inputs = x)))[0].starts_with("expected the names"));
+        assert!(
+            messages(quote!(batch(max = 4, inputs = [x, 1])))[0].starts_with("expected the names")
+        );
+        assert_eq!(
+            messages(quote!(batch(max = 4, inputs = [x, x]))),
+            ["`x` is named twice in `inputs`"]
+        );
+        assert!(messages(quote!(batch(max = 4, inputs = [])))[0]
+            .starts_with("`inputs = []` stacks no argument"));
+        // The settings go in parentheses.
+        for ts in [quote!(batch), quote!(batch = 64)] {
+            assert_eq!(
+                messages(ts),
+                ["`batch` takes its settings in parentheses: `batch(max = 64, wait_us = 200)`"]
+            );
+        }
+        // Another key with parentheses, and a misspelt `batch`.
+        assert_eq!(messages(quote!(tout(f32))), ["expected `=` after `tout`"]);
+        assert_eq!(
+            messages(quote!(bacth(max = 4))),
+            ["unknown key `bacth`; did you mean `batch`?"]
+        );
     }
 
     #[test]

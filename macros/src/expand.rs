@@ -137,6 +137,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
             quote!(::core::option::Option::Some(#name))
         }
     };
+    let batch = batch_tokens(&p, opts, f);
     let py_params: Vec<_> = f
         .params
         .iter()
@@ -185,6 +186,7 @@ fn expand(opts: &Options, f: &Function<'_>) -> TokenStream {
                 workers: #workers,
                 pool: #pool,
                 dlpack: #dlpack,
+                batch: #batch,
             });
             static __PYOP_OP: #p::StaticOp = #p::StaticOp::__new(&__PYOP_DECL);
             #p::inventory::submit! { #p::Registration(&__PYOP_OP) }
@@ -330,6 +332,41 @@ fn tout_tokens(p: &TokenStream, opts: &Options, f: &Function<'_>) -> Vec<TokenSt
             }
         })
         .collect()
+}
+
+/// The `Batch`, if the op batches: `inputs` as indices among the parameters passed to Python.
+fn batch_tokens(p: &TokenStream, opts: &Options, f: &Function<'_>) -> TokenStream {
+    let Some(batch) = opts.batch.as_ref().map(|a| &a.value) else {
+        return quote!(::core::option::Option::None);
+    };
+    // Validated: a positive `usize`, a `u64`, and `&Tensor` parameters. The numbers are written
+    // unsuffixed, whatever suffix the attribute gave them.
+    let max = batch.max.as_ref().expect("validated: `max` given");
+    let max = max
+        .value
+        .base10_parse::<usize>()
+        .expect("validated: a `usize`");
+    let max = proc_macro2::Literal::usize_unsuffixed(max);
+    let wait_us = batch.wait_us.as_ref().map_or(0, |w| {
+        w.value.base10_parse::<u64>().expect("validated: a `u64`")
+    });
+    let wait_us = proc_macro2::Literal::u64_unsuffixed(wait_us);
+    let inputs = match &batch.inputs {
+        None => quote!(::core::option::Option::None),
+        Some(inputs) => {
+            let indices = inputs.value.iter().map(|x| {
+                let i = f
+                    .params
+                    .iter()
+                    .filter(|q| q.kind != ParamKind::Device)
+                    .position(|q| q.name == *x)
+                    .expect("validated: a parameter");
+                proc_macro2::Literal::usize_unsuffixed(i)
+            });
+            quote!(::core::option::Option::Some(&[#(#indices),*]))
+        }
+    };
+    quote!(::core::option::Option::Some(#p::Batch::__declared(#max, #wait_us, #inputs)))
 }
 
 /// The `GradDecl`, if a gradient is declared.

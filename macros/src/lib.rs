@@ -64,13 +64,35 @@ use proc_macro::TokenStream;
 /// # assert_eq!(quarter(&x).unwrap().to_vec1::<f64>().unwrap(), [2.0]);
 /// ```
 ///
+/// Batching, `batch(max = 64, wait_us = 200, inputs = [x])`: concurrent calls from different
+/// threads are served by one body call on their inputs stacked along axis 0, each caller getting
+/// its own rows of every output (see `pyop::Batch`). `max` (required, at least 1) is the most
+/// calls one body call serves; `wait_us` (default 0) how long, in microseconds, a call that found
+/// no company waits for more; `inputs` (default: every `&Tensor` parameter) the parameters
+/// stacked, the others being the same for every call of a batch. A declared output shape leaves
+/// axis 0, the rows, free:
+///
+/// ```
+/// use pyop::{py_op, Tensor};
+///
+/// #[py_op(code = "def project(x, w):\n    return x @ w", numpy,
+///         batch(max = 64, wait_us = 200, inputs = [x]), tout = f32[_, 2])]
+/// fn project(x: &Tensor, w: &Tensor) -> pyop::Result<Tensor>;
+///
+/// let batch = pyop::op!(project).decl().batch().unwrap();
+/// assert_eq!((batch.max, batch.wait.as_micros()), (64, 200));
+/// assert_eq!(batch.inputs.as_deref(), Some(&[0][..])); // `x`, stacked; `w` shared
+/// ```
+///
 /// # Checked at compile time
 ///
 /// Every mistake in the declaration is a compile error on the offending token, all reported at
 /// once: unknown or duplicate keys, unknown dtypes, two sources or none, `tout` arity against
 /// the return type, malformed shapes, unsupported parameter or return types, generics, `async`,
-/// `self`, a body, a missing `file` or `package` folder, and dtypes NumPy cannot hold (bf16, f8)
-/// in numpy mode.
+/// `self`, a body, a missing `file` or `package` folder, dtypes NumPy cannot hold (bf16, f8)
+/// in numpy mode, and for `batch(...)`: a missing or zero `max`, an unknown setting, `inputs`
+/// naming anything but a `&Tensor` parameter given on every call (or a batching op without one),
+/// and an output shape whose axis 0 is fixed or that has no axis (`f32[3, 4]`, `f32[]`).
 ///
 /// The Python is checked at build time as well, by the interpreter pyo3 builds against (it
 /// compiles the source without running it): for `code`, `file`, `package` and

@@ -4,7 +4,7 @@
 use proc_macro2::Span;
 
 use crate::ast::{Function, ParamKind, Returns};
-use crate::attr::{KeyName, Options, Tout};
+use crate::attr::{BatchDecl, KeyName, Options, Tout};
 use crate::ctxt::Ctxt;
 
 /// The longest output tuple the runtime's `FromOutputs` covers.
@@ -17,10 +17,16 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
     check_package_module(cx, opts);
     check_workers_mode(cx, opts);
     check_dlpack_mode(cx, opts);
+    if let Some(batch) = &opts.batch {
+        check_batch_inputs(cx, &batch.value, f);
+    }
     if let Some(tout) = tout_declared(cx, opts) {
         check_tout_arity(cx, tout, f);
         check_like_params(cx, tout, f);
         check_numpy_dtypes(cx, opts, tout);
+        if opts.batch.is_some() {
+            check_batch_outputs(cx, tout);
+        }
     }
 }
 
@@ -248,5 +254,95 @@ fn check_numpy_dtypes(cx: &Ctxt, opts: &Options, tout: &Tout) {
                 format!("NumPy has no dtype `{}`: numpy mode cannot return it; use tensor mode (drop `numpy`), or pass `dlpack` to return it from a DLPack producer (torch)", out.dtype),
             );
         }
+    }
+}
+
+/// A batching op stacks tensors along axis 0: `inputs` names `&Tensor` parameters given on every
+/// call, and without `inputs` (every `&Tensor` parameter stacked) there is one.
+fn check_batch_inputs(cx: &Ctxt, batch: &BatchDecl, f: &Function<'_>) {
+    let Some(inputs) = &batch.inputs else {
+        if !f
+            .params
+            .iter()
+            .any(|p| p.kind == ParamKind::Tensor && !p.optional)
+        {
+            cx.error_spanned_by(
+                &batch.tokens,
+                format!(
+                    "`batch` stacks the op's `&Tensor` arguments along axis 0, but `{}` has no \
+                     `&Tensor` parameter given on every call: add one, or drop `batch`",
+                    f.item.sig.ident
+                ),
+            );
+        }
+        return;
+    };
+    for x in &inputs.value {
+        match f.params.iter().find(|p| p.name == *x) {
+            Some(p) if p.kind == ParamKind::Tensor && p.optional => cx.error_spanned_by(
+                x,
+                format!(
+                    "`{x}` is optional: `inputs` names tensors stacked along axis 0, given on \
+                     every call"
+                ),
+            ),
+            Some(p) if p.kind == ParamKind::Tensor => {}
+            Some(_) => cx.error_spanned_by(
+                x,
+                format!(
+                    "`{x}` is not a `&Tensor` parameter: `inputs` names the tensors stacked \
+                     along axis 0"
+                ),
+            ),
+            None => cx.error_spanned_by(
+                x,
+                format!(
+                    "no parameter `{x}`: `inputs` names the `&Tensor` parameters stacked along \
+                     axis 0"
+                ),
+            ),
+        }
+    }
+}
+
+/// A batching op's outputs have the batch's rows along axis 0, so a declared shape leaves that
+/// axis free (`_`); the runtime's rule (`OpBuilder::build`), said at compile time.
+fn check_batch_outputs(cx: &Ctxt, tout: &Tout) {
+    for (i, out) in tout.outputs.iter().enumerate() {
+        let (Some(dims), Some(group)) = (&out.shape, &out.shape_group) else {
+            continue;
+        };
+        if matches!(dims.first(), Some(None)) {
+            continue;
+        }
+        let size = |d: &Option<usize>| d.map_or_else(|| "_".to_owned(), |n| n.to_string());
+        let written: Vec<String> = dims.iter().map(size).collect();
+        let fixed: Vec<String> = std::iter::once("_".to_owned())
+            .chain(dims.iter().skip(1).map(size))
+            .collect();
+        let dtype = match &out.dtype_of {
+            Some(x) => format!("{x}.dtype"),
+            None => out.dtype.to_string(),
+        };
+        let declared = format!("{dtype}[{}]", written.join(", "));
+        let meant = format!("{dtype}[{}]", fixed.join(", "));
+        // The fixed size, or the empty brackets of a 0-d output.
+        let at = group
+            .stream()
+            .into_iter()
+            .next()
+            .map_or_else(|| quote::quote!(#group), |t| quote::quote!(#t));
+        let what = if dims.is_empty() {
+            format!("output {i} is declared `{declared}`, with no axis")
+        } else {
+            format!("output {i} is declared `{declared}`")
+        };
+        cx.error_spanned_by(
+            at,
+            format!(
+                "{what}, but a batching op's outputs have the batch's rows along axis 0: declare \
+                 that axis `_` (`{meant}`)"
+            ),
+        );
     }
 }

@@ -202,3 +202,29 @@ impl<T, L> Kept<T, L> {
         })
     }
 }
+
+/// A call's arguments, owned: an awaited call's future, or a call queued for a batch, outlives
+/// the caller's borrows.
+pub(crate) struct OwnedArgs(smallvec::SmallVec<[Kept<Tensor, Vec<Tensor>>; 4]>);
+
+impl OwnedArgs {
+    pub(crate) fn new(args: &[Arg<'_>]) -> OwnedArgs {
+        OwnedArgs(
+            args.iter()
+                .map(|a| Kept::new(a, Tensor::clone, <[Tensor]>::to_vec))
+                .collect(),
+        )
+    }
+
+    /// The arguments, borrowed from here.
+    pub(crate) fn args(&self) -> smallvec::SmallVec<[Arg<'_>; 4]> {
+        self.0
+            .iter()
+            .map(|k| match k {
+                Kept::Tensor(t) => Arg::Tensor(t),
+                Kept::Tensors(ts) => Arg::Tensors(ts),
+                plain => plain.plain().expect("a plain value"),
+            })
+            .collect()
+    }
+}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use pyop::candle::{DType, Device, Tensor, Var};
-use pyop::{Arg, Batch, CallOptions, ErrorKind, OutSpec, PyOp};
+use pyop::{py_op, Arg, Batch, CallOptions, ErrorKind, OutSpec, PyOp};
 
 use crate::common::within;
 
@@ -499,5 +499,104 @@ fn many_callers_many_times_all_answered() {
         let stats = op.stats();
         assert_eq!(stats.batched_calls, 2400);
         assert!(stats.max_batch <= 3);
+    });
+}
+
+// --- declared with `#[py_op(batch(...))]` ---
+
+/// Row-wise: each row scaled by `k` and shifted by the sum of `w`, which every call of a batch
+/// shares (only `x` is stacked).
+#[py_op(code = "def scaled(x, k, w):\n    return x * k + w.sum()", numpy,
+        batch(max = 8, wait_us = 0, inputs = [x]), tout = f32[_, 3])]
+fn scaled(x: &Tensor, k: f64, w: &Tensor) -> pyop::Result<Tensor>;
+
+/// A `&Device` parameter is not passed to Python: `y` is argument 1; every setting but `max`
+/// left out is its default.
+#[py_op(code = "def shifted(w, y):\n    return y + w", numpy, batch(max = 4, inputs = [y]),
+        tout = like(y))]
+fn shifted(device: &Device, w: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
+/// Without `inputs`, every tensor argument is stacked.
+#[py_op(code = "def added(a, b):\n    return a + b, a + b", numpy, batch(max = 16, wait_us = 2000),
+        tout = (f32[_], like(a)))]
+fn added(a: &Tensor, b: &Tensor) -> pyop::Result<(Tensor, Tensor)>;
+
+#[test]
+fn a_declared_batch_is_the_ops_batch() {
+    let op = pyop::op!(scaled);
+    let want = Batch::new(8).wait(Duration::ZERO).inputs([0]);
+    assert_eq!(op.decl().batch(), Some(&want));
+    assert_eq!(op.get().unwrap().batching(), Some(&want));
+
+    let op = pyop::op!(shifted);
+    let want = Batch::new(4).inputs([1]);
+    assert_eq!(op.decl().params(), ["w", "y"]);
+    assert_eq!(op.decl().batch(), Some(&want));
+    assert_eq!(op.get().unwrap().batching(), Some(&want));
+
+    let op = pyop::op!(added);
+    let want = Batch::new(16).wait(Duration::from_millis(2));
+    assert_eq!(op.decl().batch(), Some(&want));
+    assert_eq!(op.get().unwrap().batching(), Some(&want));
+}
+
+#[test]
+fn a_declared_batching_op_gives_each_of_four_threads_its_own_rows() {
+    within(120, "declared batching ops", || {
+        let w = Tensor::new(&[0.5f32, 0.25], &Device::Cpu).unwrap();
+        // Thread i: i + 1 rows of 3, each row filled with 10 i + its index.
+        let x = |i: usize| {
+            let v: Vec<f32> = (0..=i).flat_map(|r| [(10 * i + r) as f32; 3]).collect();
+            Tensor::from_vec(v, (i + 1, 3), &Device::Cpu).unwrap()
+        };
+        for _ in 0..5 {
+            let got = together(4, |i| scaled(&x(i), 2.0, &w).unwrap());
+            for (i, y) in got.iter().enumerate() {
+                let want: Vec<Vec<f32>> = (0..=i)
+                    .map(|r| vec![(10 * i + r) as f32 * 2.0 + 0.75; 3])
+                    .collect();
+                assert_eq!(y.to_vec2::<f32>().unwrap(), want, "thread {i}");
+            }
+
+            let got = together(4, |i| {
+                shifted(&Device::Cpu, &w, &x(i).narrow(1, 0, 2).unwrap())
+            });
+            for (i, y) in got.into_iter().enumerate() {
+                let want: Vec<Vec<f32>> = (0..=i)
+                    .map(|r| {
+                        let v = (10 * i + r) as f32;
+                        vec![v + 0.5, v + 0.25]
+                    })
+                    .collect();
+                assert_eq!(y.unwrap().to_vec2::<f32>().unwrap(), want, "thread {i}");
+            }
+
+            let got = together(4, |i| {
+                let a = Tensor::new(&[i as f32, 10.0 * i as f32], &Device::Cpu).unwrap();
+                added(&a, &a).unwrap()
+            });
+            for (i, (y, z)) in got.iter().enumerate() {
+                let want = [2.0 * i as f32, 20.0 * i as f32];
+                assert_eq!(y.to_vec1::<f32>().unwrap(), want, "thread {i}");
+                assert_eq!(z.to_vec1::<f32>().unwrap(), want, "thread {i}");
+            }
+        }
+        // Every call was served, in batches of at most `max`, one body call each.
+        for (op, max) in [
+            (pyop::op!(scaled), 8),
+            (pyop::op!(shifted), 4),
+            (pyop::op!(added), 16),
+        ] {
+            let stats = op.stats();
+            assert_eq!(stats.batched_calls, 20, "{stats:?}");
+            assert!(stats.max_batch >= 1 && stats.max_batch <= max, "{stats:?}");
+            assert_eq!(stats.calls, stats.batches, "{stats:?}");
+        }
+        // Waiting 2 ms for company, four callers released together share a body call.
+        assert!(
+            pyop::op!(added).stats().max_batch > 1,
+            "{:?}",
+            pyop::op!(added).stats()
+        );
     });
 }

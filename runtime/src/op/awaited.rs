@@ -15,7 +15,7 @@ use std::future::Future;
 use candle_core::{Device, Tensor};
 
 use super::{CallOptions, PyOp};
-use crate::arg::{Arg, Kept};
+use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
 use crate::error::Result;
 use crate::python::timeout::Interrupt;
@@ -150,29 +150,4 @@ pub(crate) async fn gil<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'stati
     crate::threads::run(Lane::Short, Interrupt::default(), f)
         .await
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-}
-
-/// A call's arguments, owned: an awaited call's future outlives the caller's borrows.
-pub(crate) struct OwnedArgs(smallvec::SmallVec<[Kept<Tensor, Vec<Tensor>>; 4]>);
-
-impl OwnedArgs {
-    pub(crate) fn new(args: &[Arg<'_>]) -> OwnedArgs {
-        OwnedArgs(
-            args.iter()
-                .map(|a| Kept::new(a, Tensor::clone, <[Tensor]>::to_vec))
-                .collect(),
-        )
-    }
-
-    /// The arguments, borrowed from here.
-    pub(crate) fn args(&self) -> smallvec::SmallVec<[Arg<'_>; 4]> {
-        self.0
-            .iter()
-            .map(|k| match k {
-                Kept::Tensor(t) => Arg::Tensor(t),
-                Kept::Tensors(ts) => Arg::Tensors(ts),
-                plain => plain.plain().expect("a plain value"),
-            })
-            .collect()
-    }
 }

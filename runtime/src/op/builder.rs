@@ -453,7 +453,7 @@ impl OpBuilder {
                 function,
                 gradient_name,
                 workers,
-                batcher: self.batch.map(super::batch::Batcher::new),
+                batcher: self.batch.map(super::batcher::Batcher::new),
                 _module: module,
             }),
         })

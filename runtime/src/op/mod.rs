@@ -5,6 +5,7 @@
 pub(crate) mod autograd;
 pub(crate) mod awaited;
 pub(crate) mod batch;
+pub(crate) mod batcher;
 pub(crate) mod builder;
 pub(crate) mod call;
 pub(crate) mod gradient;
@@ -49,7 +50,7 @@ pub(crate) struct OpInner {
     pub(crate) workers: Option<worker_call::load::Workers>,
     pub counters: Counters,
     /// Gathers concurrent calls into one body call, when the op batches (`OpBuilder::batch`).
-    pub(crate) batcher: Option<batch::Batcher>,
+    pub(crate) batcher: Option<batcher::Batcher>,
     /// Whether the op's inline code lines in `linecache` are its own to remove on drop.
     owns_lines: bool,
     /// Keeps a run-time op's private namespace alive for as long as the op.

@@ -12,7 +12,7 @@ use crate::bridge::outputs::Outputs;
 use crate::error::{Error, Result};
 use crate::op::gradient::RustGradient;
 use crate::op::{builder::OpBuilder, CallOptions, PyOp};
-use crate::spec::{Mode, OutSpec};
+use crate::spec::{Batch, Mode, OutSpec};
 use crate::stats::OpStats;
 
 /// An op as `#[py_op]` declared it, read with the accessors: [`StaticOp::decl`] gives it
@@ -42,6 +42,8 @@ pub struct OpDeclParts {
     pub pool: Option<&'static str>,
     /// `dlpack`: numpy mode's inputs as DLPack producers on the op's device.
     pub dlpack: bool,
+    /// `batch(max = N, wait_us = T, inputs = [x])`: concurrent calls served by one body call.
+    pub batch: Option<Batch>,
 }
 
 /// Where a declared op's body comes from.
@@ -175,6 +177,12 @@ impl OpDecl {
         self.0.dlpack
     }
 
+    /// How the op batches concurrent calls (`batch(max = 64, wait_us = 200, inputs = [x])`), if
+    /// it does: its `inputs` are indices into [`params`](Self::params).
+    pub fn batch(&self) -> Option<&Batch> {
+        self.0.batch.as_ref()
+    }
+
     /// Adds where the op was declared to a load error of the op.
     pub(crate) fn annotate(&self, e: Error) -> Error {
         e.append_context(&format!(
@@ -253,6 +261,9 @@ impl OpDecl {
         }
         if let Some(ms) = d.timeout_ms {
             b = b.timeout(std::time::Duration::from_millis(ms));
+        }
+        if let Some(batch) = &d.batch {
+            b = b.batch(batch.clone());
         }
         b.build_in(true).map_err(|e| self.annotate(e))
     }
@@ -346,7 +357,7 @@ impl StaticOp {
             .map(|op| op.call_async_outputs(args, &options));
         let later = built
             .is_none()
-            .then(|| (crate::op::awaited::OwnedArgs::new(args), device.cloned()));
+            .then(|| (crate::arg::OwnedArgs::new(args), device.cloned()));
         async move {
             if let Some(call) = built {
                 return call.await;

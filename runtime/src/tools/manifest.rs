@@ -6,8 +6,10 @@ use crate::registry::decl::{GradDecl, SourceDecl};
 use crate::registry::registered_ops;
 use crate::spec::tout_named;
 
-/// Every declared op as JSON: name, Rust path and location, mode, `tout`, gradient, where its
-/// source came from, and a hash of the source's text (FNV-1a, 64 bits).
+/// Every declared op as JSON: name, Rust path and location, mode, `tout`, gradient, batching
+/// (`{"max":64,"wait_us":200,"inputs":["x"]}`, `inputs` null when every tensor argument is
+/// stacked; `null` for an op that does not batch), where its source came from, and a hash of the
+/// source's text (FNV-1a, 64 bits).
 pub fn manifest_json() -> String {
     let mut out = String::from("[");
     for (i, op) in registered_ops().iter().enumerate() {
@@ -42,9 +44,34 @@ pub fn manifest_json() -> String {
                 format!("{{\"kind\":\"rust\",\"path\":{}}}", json_str(path))
             }
         };
+        let batch = match d.batch() {
+            None => "null".to_owned(),
+            Some(b) => {
+                let inputs = match &b.inputs {
+                    None => "null".to_owned(),
+                    Some(inputs) => {
+                        let names: Vec<String> = inputs
+                            .iter()
+                            // By name (an index past them, which `#[py_op]` never writes, as is).
+                            .map(|&i| {
+                                d.params()
+                                    .get(i)
+                                    .map_or_else(|| i.to_string(), |p| json_str(p))
+                            })
+                            .collect();
+                        format!("[{}]", names.join(","))
+                    }
+                };
+                format!(
+                    "{{\"max\":{},\"wait_us\":{},\"inputs\":{inputs}}}",
+                    b.max,
+                    b.wait.as_micros()
+                )
+            }
+        };
         let _ = write!(
             out,
-            "\n  {{\"name\":{},\"rust_path\":{},\"file\":{},\"line\":{},\"mode\":{},\"function\":{},\"tout\":{},\"grad\":{},\"source\":{{\"kind\":{},\"origin\":{},\"hash\":{}}}}}",
+            "\n  {{\"name\":{},\"rust_path\":{},\"file\":{},\"line\":{},\"mode\":{},\"function\":{},\"tout\":{},\"grad\":{},\"batch\":{},\"source\":{{\"kind\":{},\"origin\":{},\"hash\":{}}}}}",
             json_str(d.name()),
             json_str(&d.rust_path()),
             json_str(d.file()),
@@ -53,6 +80,7 @@ pub fn manifest_json() -> String {
             json_str(d.function()),
             json_str(&tout_named(d.tout(), d.params())),
             grad,
+            batch,
             json_str(kind),
             json_str(&origin),
             hash.map_or("null".to_owned(), |h| format!("\"{h:016x}\"")),

@@ -1,0 +1,370 @@
+//! The queue of a batching op ([`Batch`]): which call leads a batch, which wait, and what a
+//! batch is made of. `op::batch` runs the batches.
+//!
+//! No thread of pyop's own: the calls combine among themselves. Every call joins the op's queue;
+//! the one that finds no batch running leads: it waits up to `wait` for company (until as many
+//! calls of its kind are queued as the last batch had, `Queue::target`), takes up to `max`
+//! queued calls that can share a body call with its own (the same dtypes, trailing shapes,
+//! unstacked arguments, device and time limit), runs them, hands every caller its result and
+//! passes the lead to the oldest call still queued. The others wait, without the GIL, until
+//! their result or the lead reaches them. A call alone with `wait` zero runs as an unbatched
+//! call, with no copy.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, DeviceLocation, Tensor, TensorId};
+use smallvec::SmallVec;
+
+use crate::arg::{Arg, OwnedArgs};
+use crate::bridge::outputs::Outputs;
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::Batch;
+
+/// The queue of one batching op's calls.
+pub(crate) struct Batcher {
+    pub(crate) batch: Batch,
+    queue: Mutex<Queue>,
+    /// The leader waits here for company.
+    company: Condvar,
+}
+
+struct Queue {
+    /// How many calls the leader waits for: `max` before the first batch; then the size of a
+    /// batch that reached it, or one less than it after a batch that fell short (`wait` ran
+    /// out). Threads that each call again when answered come back as a batch of their number,
+    /// so the leader runs as soon as they are back instead of waiting out `wait` for calls that
+    /// are not coming; a late one (a slow wake-up) does not split them into two smaller batches
+    /// for good, as taking the last batch's size would; calls that queue while a batch runs
+    /// raise it at once.
+    target: usize,
+    /// A batch is being gathered or run: its leader hands the lead on when done.
+    led: bool,
+    /// The leader is waiting for company (arrivals that fill a batch wake it).
+    gathering: bool,
+    waiting: VecDeque<Arc<Entry>>,
+}
+
+/// One queued call.
+pub(crate) struct Entry {
+    pub(crate) args: OwnedArgs,
+    kind: Kind,
+    /// Its size along axis 0 of its stacked inputs.
+    pub(crate) rows: usize,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) device: Option<Device>,
+    pub(crate) arrived: Instant,
+    turn: Mutex<Turn>,
+    ready: Condvar,
+}
+
+/// Where a call stands once it joined the queue (`Batcher::enter`).
+pub(crate) enum Place {
+    /// Alone: it runs as an unbatched call.
+    Alone,
+    /// It leads a batch (`Batcher::gather`, then its run).
+    Leads(Arc<Entry>),
+    /// Another call's batch served it.
+    Done(Result<Outputs>),
+}
+
+/// What a queued call is waiting for.
+enum Turn {
+    Waiting,
+    /// The lead: the call gathers and runs the next batch.
+    Lead,
+    Done(Result<Outputs>),
+}
+
+/// What calls of one batch must share: per argument, the dtype and the shape past axis 0 of a
+/// stacked tensor, the identity of an unstacked tensor, the value of a plain argument; and the
+/// call's device and time limit.
+#[derive(PartialEq)]
+struct Kind {
+    args: SmallVec<[Part; 4]>,
+    device: Option<DeviceLocation>,
+    timeout: Option<Duration>,
+}
+
+#[derive(PartialEq)]
+enum Part {
+    Rows {
+        dtype: DType,
+        rest: SmallVec<[usize; 4]>,
+        device: DeviceLocation,
+    },
+    Same(SmallVec<[TensorId; 1]>),
+    /// A plain value, compared as written (a float by its bits).
+    Value(String),
+}
+
+impl Batcher {
+    pub(crate) fn new(batch: Batch) -> Self {
+        Batcher {
+            queue: Mutex::new(Queue {
+                target: batch.max,
+                led: false,
+                gathering: false,
+                waiting: VecDeque::new(),
+            }),
+            batch,
+            company: Condvar::new(),
+        }
+    }
+
+    /// Whether argument `i` is stacked along axis 0.
+    pub(crate) fn stacked(&self, i: usize, arg: &Arg<'_>) -> bool {
+        match &self.batch.inputs {
+            Some(inputs) => inputs.contains(&i),
+            None => matches!(arg, Arg::Tensor(_)),
+        }
+    }
+
+    /// The leader's wait for company: up to `wait` after `own` came, or until the target's
+    /// number of calls of its kind are queued (`Queue::target`); then the batch, taken off the queue: calls of `own`'s kind in the order
+    /// they came. `own` is the oldest queued call (a call leads only when it found the queue
+    /// empty, or as its oldest), so it is first.
+    pub(crate) fn gather(&self, own: &Arc<Entry>) -> Vec<Arc<Entry>> {
+        let max = self.batch.max;
+        let mut queue = self.lock();
+        let deadline = own.arrived + self.batch.wait;
+        loop {
+            let company = queue.waiting.iter().filter(|e| e.kind == own.kind).count();
+            let now = Instant::now();
+            if company >= queue.target || now >= deadline {
+                break;
+            }
+            queue.gathering = true;
+            queue = self
+                .company
+                .wait_timeout(queue, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            queue.gathering = false;
+        }
+        debug_assert!(queue.waiting.front().is_some_and(|e| Arc::ptr_eq(e, own)));
+        let mut batch: Vec<Arc<Entry>> = Vec::with_capacity(max.min(queue.waiting.len()));
+        let mut kept = VecDeque::with_capacity(queue.waiting.len());
+        for e in queue.waiting.drain(..) {
+            if batch.len() < max && e.kind == own.kind {
+                batch.push(e);
+            } else {
+                kept.push_back(e);
+            }
+        }
+        queue.waiting = kept;
+        queue.target = batch.len().max(queue.target - 1);
+        batch
+    }
+
+    /// A call joins the queue: alone (none queued, no batch running, no `wait`: it runs as an
+    /// unbatched call, and must then call [`Handover::done`] on [`Handover::alone`]), or leading
+    /// a batch, or served by another call's batch; why it cannot be batched otherwise.
+    pub(crate) fn enter(
+        &self,
+        op: &str,
+        args: &[Arg<'_>],
+        device: Option<&Device>,
+        timeout: Option<Duration>,
+    ) -> Result<Place> {
+        let (kind, rows) = self.kind(op, args, device, timeout)?;
+        let mut queue = self.lock();
+        if !queue.led && queue.waiting.is_empty() && self.batch.wait.is_zero() {
+            queue.led = true;
+            return Ok(Place::Alone);
+        }
+        let entry = Arc::new(Entry {
+            args: OwnedArgs::new(args),
+            kind,
+            rows,
+            timeout,
+            device: device.cloned(),
+            arrived: Instant::now(),
+            turn: Mutex::new(Turn::Waiting),
+            ready: Condvar::new(),
+        });
+        queue.waiting.push_back(entry.clone());
+        if !queue.led {
+            queue.led = true;
+            return Ok(Place::Leads(entry));
+        }
+        if queue.gathering && queue.waiting.len() >= queue.target {
+            self.company.notify_one();
+        }
+        drop(queue);
+        // Wait, without the GIL (the leader may need it), for the result or for the lead.
+        let turn = crate::python::without_gil(|| {
+            let mut turn = entry.turn.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                match std::mem::replace(&mut *turn, Turn::Waiting) {
+                    Turn::Waiting => {
+                        turn = entry.ready.wait(turn).unwrap_or_else(|p| p.into_inner())
+                    }
+                    got => return got,
+                }
+            }
+        });
+        Ok(match turn {
+            Turn::Done(result) => Place::Done(result),
+            Turn::Lead => Place::Leads(entry),
+            Turn::Waiting => unreachable!("a turn is returned once it changed"),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic while the lock is held leaves the queue as it was (no user code runs under it).
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The call's kind and its rows (axis 0 of its stacked inputs), or why it cannot be batched.
+    fn kind(
+        &self,
+        op: &str,
+        args: &[Arg<'_>],
+        device: Option<&Device>,
+        timeout: Option<Duration>,
+    ) -> Result<(Kind, usize)> {
+        let mut rows: Option<(usize, usize)> = None;
+        let mut parts = SmallVec::new();
+        for (i, arg) in args.iter().enumerate() {
+            let part = if self.stacked(i, arg) {
+                let Arg::Tensor(t) = arg else {
+                    return Err(refused(
+                        op,
+                        format!("argument {i} is stacked by the op's batching but is not a tensor"),
+                    ));
+                };
+                let Some((&n, rest)) = t.dims().split_first() else {
+                    return Err(refused(
+                        op,
+                        format!(
+                            "argument {i} is a 0-d tensor: a batching op stacks its inputs along \
+                             axis 0, so each needs one"
+                        ),
+                    ));
+                };
+                match rows {
+                    None => rows = Some((i, n)),
+                    Some((j, m)) if m != n => {
+                        return Err(refused(
+                            op,
+                            format!(
+                                "argument {j} has {m} rows and argument {i} has {n}: a batching \
+                                 op's stacked inputs have the same size along axis 0"
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+                Part::Rows {
+                    dtype: t.dtype(),
+                    rest: rest.into(),
+                    device: t.device().location(),
+                }
+            } else {
+                match arg {
+                    Arg::Tensor(t) => Part::Same(smallvec::smallvec![t.id()]),
+                    Arg::Tensors(ts) => Part::Same(ts.iter().map(Tensor::id).collect()),
+                    Arg::F64(v) => Part::Value(format!("f{:x}", v.to_bits())),
+                    Arg::F64s(v) => Part::Value(format!(
+                        "fs{:x?}",
+                        v.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    )),
+                    Arg::F32s(v) => Part::Value(format!(
+                        "f32s{:x?}",
+                        v.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    )),
+                    other => Part::Value(format!("{other:?}")),
+                }
+            };
+            parts.push(part);
+        }
+        let Some((_, rows)) = rows else {
+            return Err(refused(
+                op,
+                "no argument is stacked: a batching op needs a tensor argument to stack \
+                 along axis 0"
+                    .into(),
+            ));
+        };
+        Ok((
+            Kind {
+                args: parts,
+                device: device.map(Device::location),
+                timeout,
+            },
+            rows,
+        ))
+    }
+}
+
+fn refused(op: &str, message: String) -> Error {
+    Error::op_failure(op, ErrorKind::InvalidArgument, message)
+}
+
+/// The lead passed on when a batch is done, the others' results handed out; on a panic of the
+/// leader (unwinding through here), each gets an error instead of waiting for ever.
+pub(crate) struct Handover<'a> {
+    batcher: &'a Batcher,
+    batch: &'a [Arc<Entry>],
+}
+
+impl<'a> Handover<'a> {
+    /// The handover of a leader's `batch` (the leader's own call first).
+    pub(crate) fn of(batcher: &'a Batcher, batch: &'a [Arc<Entry>]) -> Self {
+        Handover { batcher, batch }
+    }
+
+    /// The handover of a call alone (`Place::Alone`).
+    pub(crate) fn alone(batcher: &'a Batcher) -> Self {
+        Handover {
+            batcher,
+            batch: &[],
+        }
+    }
+
+    /// Hands out the others' results and passes the lead on.
+    pub(crate) fn done(self, results: Vec<(Arc<Entry>, Result<Outputs>)>) {
+        for (e, r) in results {
+            give(&e, Turn::Done(r));
+        }
+        pass_lead(self.batcher);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Handover<'_> {
+    fn drop(&mut self) {
+        for e in self.batch {
+            give(
+                e,
+                Turn::Done(Err(Error::op_failure(
+                    None::<&str>,
+                    ErrorKind::Panic,
+                    "the thread running this call's batch panicked",
+                ))),
+            );
+        }
+        pass_lead(self.batcher);
+    }
+}
+
+fn give(e: &Entry, turn: Turn) {
+    let mut t = e.turn.lock().unwrap_or_else(|p| p.into_inner());
+    *t = turn;
+    e.ready.notify_one();
+}
+
+/// The oldest queued call leads the next batch; with none queued, the next call leads.
+fn pass_lead(batcher: &Batcher) {
+    let mut queue = batcher.lock();
+    match queue.waiting.front() {
+        Some(next) => {
+            let next = next.clone();
+            drop(queue);
+            give(&next, Turn::Lead);
+        }
+        None => queue.led = false,
+    }
+}
