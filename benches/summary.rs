@@ -997,10 +997,20 @@ def mm(x):
     return x @ W
 ";
 
-/// `mm` as an op: unbatched, or batching with `batch`.
-fn matmul_rows(batch: Option<pyop::Batch>) -> PyOp {
+/// A body whose cost is mostly per call: a small network (256 → 1024 → 16) whose 1 MiB of
+/// weights a call reads once however many rows it has (the `batching` example's).
+const MLP_ROWS: &str = "
+import numpy as np
+W1 = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)
+W2 = np.random.default_rng(1).standard_normal((1024, 256)).astype(np.float32)
+def mm(x):
+    return np.maximum(x @ W1, 0) @ W2
+";
+
+/// `mm` as an op (`body`: [`MATMUL_ROWS`] or [`MLP_ROWS`]): unbatched, or batching with `batch`.
+fn matmul_rows(body: &str, batch: Option<pyop::Batch>) -> PyOp {
     let b = PyOp::builder("mm")
-        .code(MATMUL_ROWS)
+        .code(body)
         .numpy()
         .tout([OutSpec::shaped(DType::F32, vec![None, Some(256)])]);
     match batch {
@@ -1013,18 +1023,24 @@ fn matmul_rows(batch: Option<pyop::Batch>) -> PyOp {
 
 /// Dynamic micro-batching: 8 threads each calling the (1, 256) × (256, 256) product one row a
 /// call, unbatched and batched (`max = 64, wait_us = 200`), and 1 thread alone, unbatched and
-/// batching with `wait_us = 0`; timed in turns, by throughput (wall time over all calls). A
-/// batched case's line gives its mean batch size.
+/// batching with `wait_us = 0`; the same 8-thread pair over a small network (`_mlp`); timed in
+/// turns, by throughput (wall time over all calls). A batched case's line gives its mean batch
+/// size.
 fn batch_group(calls: usize) {
-    let plain = matmul_rows(None);
-    let batched = matmul_rows(Some(pyop::Batch::new(64).wait(Duration::from_micros(200))));
-    let eager = matmul_rows(Some(pyop::Batch::new(64)));
+    let batch = pyop::Batch::new(64).wait(Duration::from_micros(200));
+    let plain = matmul_rows(MATMUL_ROWS, None);
+    let batched = matmul_rows(MATMUL_ROWS, Some(batch.clone()));
+    let eager = matmul_rows(MATMUL_ROWS, Some(pyop::Batch::new(64)));
+    let mlp = matmul_rows(MLP_ROWS, None);
+    let mlp_batched = matmul_rows(MLP_ROWS, Some(batch));
     let cases: Vec<(&str, usize, &PyOp)> = vec![
         ("unbatched_8threads_1row", 8, &plain),
         ("batched_8threads_1row", 8, &batched),
         ("unbatched_1thread_1row", 1, &plain),
         ("batched_wait0_1thread_1row", 1, &eager),
         ("batched_wait0_8threads_1row", 8, &eager),
+        ("unbatched_8threads_1row_mlp", 8, &mlp),
+        ("batched_8threads_1row_mlp", 8, &mlp_batched),
     ];
     let cases: Vec<_> = cases.into_iter().filter(|c| wanted(c.0)).collect();
     if cases.is_empty() {

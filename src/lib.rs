@@ -134,6 +134,7 @@ pub mod guide {
         errors => "errors.md",
         executor => "executor.md",
         r#async => "async.md",
+        batching => "batching.md",
         tools => "tools.md",
         python_environment => "python-environment.md",
         workers => "workers.md",

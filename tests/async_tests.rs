@@ -651,3 +651,98 @@ fn ending_child() {
         _ => {}
     }
 }
+
+/// Awaited calls of a batching op wait in its queue as tasks, not on a thread each: 64 tasks on
+/// a 2-thread runtime form batches far larger than pyop's threads, every result exact.
+#[test]
+fn awaited_calls_of_a_batching_op_batch_without_a_thread_each() {
+    let _serial = serial();
+    let op = PyOp::builder("rows_plus")
+        .code("def rows_plus(x, k):\n    return x + k")
+        .numpy()
+        .batch(
+            pyop::Batch::new(64)
+                .wait(Duration::from_millis(50))
+                .inputs([0]),
+        )
+        .tout([OutSpec::shaped(DType::F64, vec![None, Some(2)])])
+        .build()
+        .unwrap();
+    let rt = runtime(2);
+    let got = rt.block_on(async {
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let x = Tensor::new(&[[i as f64, -(i as f64)]], &cpu()).unwrap();
+                tokio::spawn(op.call_async(&[Arg::from(&x), Arg::from(0.5)]))
+            })
+            .collect();
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.unwrap().unwrap()[0].to_vec2::<f64>().unwrap());
+        }
+        got
+    });
+    for (i, y) in got.iter().enumerate() {
+        assert_eq!(y, &[[i as f64 + 0.5, 0.5 - i as f64]]);
+    }
+    let stats = op.stats();
+    assert_eq!(stats.batched_calls, 64);
+    // pyop's threads are as many as the CPUs (here 2): a batch as large as this one needs the
+    // waiting calls to hold none.
+    assert!(stats.max_batch >= 16, "{stats:?}");
+}
+
+/// An awaited call of a batching op dropped while queued leaves the queue: its inputs are not
+/// run, the lead goes past it, and the other calls are answered.
+#[test]
+fn a_dropped_awaited_call_leaves_the_batch_queue() {
+    let _serial = serial();
+    let op = PyOp::builder("seen")
+        .code("seen = []\ndef seen_rows(x):\n    seen.extend(x[:, 0].tolist())\n    return x * 2")
+        .function("seen_rows")
+        .numpy()
+        .batch(pyop::Batch::new(8).wait(Duration::from_millis(300)))
+        .tout([OutSpec::shaped(DType::F64, vec![None, Some(1)])])
+        .build()
+        .unwrap();
+    let rt = runtime(2);
+    let row = |v: f64| Tensor::new(&[[v]], &cpu()).unwrap();
+    // The first call leads and waits 300 ms for company; two more queue behind it; one of them
+    // is dropped while queued.
+    let (a, c) = rt.block_on(async {
+        let a = tokio::spawn(op.call_async(&[Arg::from(&row(1.0))]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let b = tokio::spawn(op.call_async(&[Arg::from(&row(2.0))]));
+        let c = tokio::spawn(op.call_async(&[Arg::from(&row(3.0))]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        b.abort();
+        assert!(b.await.unwrap_err().is_cancelled());
+        (a.await.unwrap().unwrap(), c.await.unwrap().unwrap())
+    });
+    assert_eq!(a[0].to_vec2::<f64>().unwrap(), [[2.0]]);
+    assert_eq!(c[0].to_vec2::<f64>().unwrap(), [[6.0]]);
+    assert_eq!(op.stats().batched_calls, 2, "{:?}", op.stats());
+    // Again, the dropped call between two others of one batch; then a call alone.
+    let (d, f) = rt.block_on(async {
+        let d = tokio::spawn(op.call_async(&[Arg::from(&row(4.0))]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let e = tokio::spawn(op.call_async(&[Arg::from(&row(5.0))]));
+        let f = tokio::spawn(op.call_async(&[Arg::from(&row(6.0))]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        e.abort();
+        let _ = e.await;
+        (d.await.unwrap().unwrap(), f.await.unwrap().unwrap())
+    });
+    assert_eq!(d[0].to_vec2::<f64>().unwrap(), [[8.0]]);
+    assert_eq!(f[0].to_vec2::<f64>().unwrap(), [[12.0]]);
+    let seen = rt.block_on(async {
+        let probe = Tensor::new(&[[0.0]], &cpu()).unwrap();
+        op.call_async(&[Arg::from(&probe)]).await.unwrap()
+    });
+    assert_eq!(seen[0].to_vec2::<f64>().unwrap(), [[0.0]]);
+    let stats = op.stats();
+    assert_eq!(
+        stats.batched_calls, 5,
+        "the dropped calls were not run: {stats:?}"
+    );
+}

@@ -418,7 +418,7 @@ fn table_rows() -> Vec<(String, String)> {
 
 /// The options of `#[py_op]`: a row of the options table starts with one of them as its first
 /// cell, alone in a code span (`` `tout = ...` ``, `` `numpy` ``).
-const OPTIONS: [&str; 13] = [
+const OPTIONS: [&str; 14] = [
     "file =",
     "code =",
     "module =",
@@ -431,6 +431,7 @@ const OPTIONS: [&str; 13] = [
     "timeout_ms =",
     "workers =",
     "pool =",
+    "batch(",
     "crate =",
 ];
 
@@ -441,9 +442,11 @@ fn option_of(row: &str) -> Option<&'static str> {
     if code.contains('`') {
         return None;
     }
-    OPTIONS
-        .into_iter()
-        .find(|o| code == *o || (o.ends_with('=') && code.starts_with(&format!("{o} "))))
+    OPTIONS.into_iter().find(|o| {
+        code == *o
+            || (o.ends_with('=') && code.starts_with(&format!("{o} ")))
+            || (o.ends_with('(') && code.starts_with(o))
+    })
 }
 
 /// The options table lives in docs/src/reference/options.md, which the macro's documentation

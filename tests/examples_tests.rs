@@ -187,6 +187,26 @@ fn threads_example_counts_every_call() {
 }
 
 #[test]
+fn batching_example_answers_every_request_as_the_unbatched_op() {
+    // Short: 8 threads × 40 calls; the example itself compares every answer.
+    let out = example_with("batching", &[("PYOP_EXAMPLE_CALLS", "40")]);
+    assert!(
+        out.starts_with("8 threads x 40 calls, one row each\nunbatched: 320 body calls in "),
+        "{out}"
+    );
+    let batched = out
+        .lines()
+        .find_map(|l| l.strip_prefix("batched:   "))
+        .unwrap_or_else(|| panic!("no batched line: {out}"));
+    let body_calls: u64 = batched.split(' ').next().unwrap().parse().unwrap();
+    assert!(body_calls < 320, "no call was batched: {out}");
+    assert!(
+        out.ends_with("every result equals the unbatched op's\n"),
+        "{out}"
+    );
+}
+
+#[test]
 fn async_server_answers_every_connection() {
     let out = example_with("async_server", &[("PYOP_EXAMPLE_CONNECTIONS", "40")]);
     assert!(

@@ -565,6 +565,44 @@ fn ray_pools_child() {
     assert_eq!(pool.stats().started, 2);
     assert!(pool.stats().bytes_in >= 1600 * 12, "{:?}", pool.stats());
 
+    // A batching op on the Ray pool: concurrent calls are one request to an actor each batch,
+    // every caller's rows exact.
+    let batched = PyOp::builder("ray_batched")
+        .code("def ray_batched(x, k):\n    return x * 2 + k")
+        .numpy()
+        .pool(&pool)
+        .batch(
+            pyop::Batch::new(8)
+                .wait(Duration::from_millis(20))
+                .inputs([0]),
+        )
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let before = pool.stats().calls;
+    std::thread::scope(|s| {
+        for t in 0..6i64 {
+            let batched = &batched;
+            s.spawn(move || {
+                for i in 0..20i64 {
+                    let rows = Tensor::new(&[[t as f32, i as f32]], &cpu()).unwrap();
+                    let y = batched.call(&[Arg::from(&rows), Arg::from(1.0)]).unwrap();
+                    let want = [[2. * t as f32 + 1., 2. * i as f32 + 1.]];
+                    assert_eq!(y[0].to_vec2::<f32>().unwrap(), want);
+                }
+            });
+        }
+    });
+    let stats = batched.stats();
+    assert_eq!(stats.batched_calls, 120, "{stats:?}");
+    assert_eq!(
+        pool.stats().calls - before,
+        stats.batches,
+        "one request a batch"
+    );
+    assert!(stats.max_batch > 1, "{stats:?}");
+    drop(batched);
+
     // Awaited: 200 calls in flight on a 2-thread runtime, every result exact; one dropped
     // mid-call kills its actor's relay (and the actor with it), and the next call works.
     let rt = tokio::runtime::Builder::new_multi_thread()

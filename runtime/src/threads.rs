@@ -190,6 +190,27 @@ pub(crate) fn run<R: Send + 'static>(
     }
 }
 
+/// As [`run`], but `f` runs to its end whether or not the future is dropped (a batch's leader,
+/// whose batch other calls wait for): dropping the future only leaves its result unread.
+pub(crate) fn run_to_end<R: Send + 'static>(
+    lane: Lane,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Landing<R> {
+    let slot = Slot::new(None);
+    let job = {
+        let slot = Arc::clone(&slot);
+        Box::new(move || slot.make(f))
+    };
+    let queued_behind = threads(lane).submit(job);
+    Landing {
+        slot,
+        interrupt: Interrupt::default(),
+        since: Instant::now(),
+        queued_behind,
+        done: false,
+    }
+}
+
 /// Runs `f`, which blocks for long and needs no GIL (starting a worker process), on a thread of
 /// its own, and returns the future of its result. Dropping the future does not stop `f`: what
 /// it returns then goes to `orphan`.

@@ -69,6 +69,9 @@ impl PyOp {
         let device = options.device.cloned();
         let timeout = options.timeout;
         async move {
+            if op.inner.batcher.is_some() {
+                return op.awaited_batched(args, device, timeout).await;
+            }
             #[cfg(target_os = "linux")]
             if op.inner.workers.is_some() {
                 return op.awaited_in_worker(args, device, timeout).await;

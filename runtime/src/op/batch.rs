@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use smallvec::SmallVec;
 
-use super::batcher::{Batcher, Entry, Handover, Place};
+use super::batcher::{Batcher, Entry, Got, Handover, Joined, Place, Waiting};
 use super::{CallOptions, PyOp};
-use crate::arg::Arg;
+use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::OutSpec;
@@ -27,21 +27,71 @@ impl PyOp {
         let op = &*self.inner;
         let timeout = options.timeout.or(op.timeout);
         match batcher.enter(&op.name, args, options.device, timeout)? {
-            Place::Alone => {
-                // The ordinary call on the caller's own tensors.
-                let handover = Handover::alone(batcher);
-                let options = CallOptions {
-                    device: options.device,
-                    timeout,
-                };
-                let result = self.call_unbatched(args, &options, Some(1));
-                op.counters.record_batch(1, Duration::ZERO);
-                handover.done(Vec::new());
-                result
-            }
+            Place::Alone => self.run_alone(batcher, args, options.device, timeout),
             Place::Leads(own) => self.lead(batcher, &own),
             Place::Done(result) => result,
         }
+    }
+
+    /// A call alone (`Place::Alone`, `Joined::Alone`): the ordinary call on the caller's own
+    /// tensors, then the lead passed on.
+    fn run_alone(
+        &self,
+        batcher: &Batcher,
+        args: &[Arg<'_>],
+        device: Option<&candle_core::Device>,
+        timeout: Option<Duration>,
+    ) -> Result<Outputs> {
+        let handover = Handover::alone(batcher);
+        let result = self.call_unbatched(args, &CallOptions { device, timeout }, Some(1));
+        self.inner.counters.record_batch(1, Duration::ZERO);
+        handover.done(Vec::new());
+        result
+    }
+
+    /// An awaited call of a batching op: it joins the queue where the future is polled and
+    /// waits there as a task, without a thread; only to run alone or to lead a batch does it
+    /// take one of pyop's threads. That run goes to its end even if the future is dropped (the
+    /// batch's other calls wait for it); a call dropped while queued leaves the queue.
+    pub(super) async fn awaited_batched(
+        self,
+        args: OwnedArgs,
+        device: Option<candle_core::Device>,
+        timeout: Option<Duration>,
+    ) -> Result<Outputs> {
+        let op = &*self.inner;
+        let batcher = op.batcher.as_ref().expect("a batching op");
+        let timeout = timeout.or(op.timeout);
+        let joined = batcher.join(&op.name, &args.args(), device.as_ref(), timeout)?;
+        let me = self.clone();
+        let run = match joined {
+            Joined::Alone => crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
+                let batcher = me.inner.batcher.as_ref().expect("a batching op");
+                me.run_alone(batcher, &args.args(), device.as_ref(), timeout)
+            }),
+            Joined::Leads(own) => {
+                crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
+                    me.lead(me.inner.batcher.as_ref().expect("a batching op"), &own)
+                })
+            }
+            Joined::Queued(own) => {
+                let waiting = Waiting {
+                    batcher,
+                    entry: own.clone(),
+                    done: false,
+                };
+                match waiting.await {
+                    Got::Done(result) => return result,
+                    Got::Lead => {
+                        crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
+                            me.lead(me.inner.batcher.as_ref().expect("a batching op"), &own)
+                        })
+                    }
+                }
+            }
+        };
+        run.await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// The leader's part: gather a batch with `own` in it, run it, hand out its rows, pass the

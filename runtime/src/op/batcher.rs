@@ -55,8 +55,17 @@ pub(crate) struct Entry {
     pub(crate) timeout: Option<Duration>,
     pub(crate) device: Option<Device>,
     pub(crate) arrived: Instant,
-    turn: Mutex<Turn>,
+    turn: Mutex<Slot>,
+    /// A blocked caller waits here (an awaited one leaves its waker in the slot).
     ready: Condvar,
+}
+
+/// What reaches a queued call, and who to wake for it.
+struct Slot {
+    turn: Turn,
+    waker: Option<std::task::Waker>,
+    /// The awaited call was dropped: nothing given reaches it, and the lead goes past it.
+    gone: bool,
 }
 
 /// Where a call stands once it joined the queue (`Batcher::enter`).
@@ -67,6 +76,16 @@ pub(crate) enum Place {
     Leads(Arc<Entry>),
     /// Another call's batch served it.
     Done(Result<Outputs>),
+}
+
+/// Where a call stands once it joined the queue, before any wait (`Batcher::join`).
+pub(crate) enum Joined {
+    /// Alone: it runs as an unbatched call.
+    Alone,
+    /// It leads a batch.
+    Leads(Arc<Entry>),
+    /// Queued: its result or the lead reaches it ([`Waiting`]).
+    Queued(Arc<Entry>),
 }
 
 /// What a queued call is waiting for.
@@ -158,9 +177,10 @@ impl Batcher {
         batch
     }
 
-    /// A call joins the queue: alone (none queued, no batch running, no `wait`: it runs as an
-    /// unbatched call, and must then call [`Handover::done`] on [`Handover::alone`]), or leading
-    /// a batch, or served by another call's batch; why it cannot be batched otherwise.
+    /// A call joins the queue and waits, blocked, until its result or the lead reaches it:
+    /// alone (none queued, no batch running, no `wait`: it runs as an unbatched call, and must
+    /// then call [`Handover::done`] on [`Handover::alone`]), or leading a batch, or served by
+    /// another call's batch; why it cannot be batched otherwise.
     pub(crate) fn enter(
         &self,
         op: &str,
@@ -168,38 +188,18 @@ impl Batcher {
         device: Option<&Device>,
         timeout: Option<Duration>,
     ) -> Result<Place> {
-        let (kind, rows) = self.kind(op, args, device, timeout)?;
-        let mut queue = self.lock();
-        if !queue.led && queue.waiting.is_empty() && self.batch.wait.is_zero() {
-            queue.led = true;
-            return Ok(Place::Alone);
-        }
-        let entry = Arc::new(Entry {
-            args: OwnedArgs::new(args),
-            kind,
-            rows,
-            timeout,
-            device: device.cloned(),
-            arrived: Instant::now(),
-            turn: Mutex::new(Turn::Waiting),
-            ready: Condvar::new(),
-        });
-        queue.waiting.push_back(entry.clone());
-        if !queue.led {
-            queue.led = true;
-            return Ok(Place::Leads(entry));
-        }
-        if queue.gathering && queue.waiting.len() >= queue.target {
-            self.company.notify_one();
-        }
-        drop(queue);
+        let entry = match self.join(op, args, device, timeout)? {
+            Joined::Alone => return Ok(Place::Alone),
+            Joined::Leads(entry) => return Ok(Place::Leads(entry)),
+            Joined::Queued(entry) => entry,
+        };
         // Wait, without the GIL (the leader may need it), for the result or for the lead.
         let turn = crate::python::without_gil(|| {
-            let mut turn = entry.turn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut slot = entry.slot();
             loop {
-                match std::mem::replace(&mut *turn, Turn::Waiting) {
+                match std::mem::replace(&mut slot.turn, Turn::Waiting) {
                     Turn::Waiting => {
-                        turn = entry.ready.wait(turn).unwrap_or_else(|p| p.into_inner())
+                        slot = entry.ready.wait(slot).unwrap_or_else(|p| p.into_inner())
                     }
                     got => return got,
                 }
@@ -210,6 +210,45 @@ impl Batcher {
             Turn::Lead => Place::Leads(entry),
             Turn::Waiting => unreachable!("a turn is returned once it changed"),
         })
+    }
+
+    /// A call joins the queue, without waiting (see [`enter`](Self::enter)).
+    pub(crate) fn join(
+        &self,
+        op: &str,
+        args: &[Arg<'_>],
+        device: Option<&Device>,
+        timeout: Option<Duration>,
+    ) -> Result<Joined> {
+        let (kind, rows) = self.kind(op, args, device, timeout)?;
+        let mut queue = self.lock();
+        if !queue.led && queue.waiting.is_empty() && self.batch.wait.is_zero() {
+            queue.led = true;
+            return Ok(Joined::Alone);
+        }
+        let entry = Arc::new(Entry {
+            args: OwnedArgs::new(args),
+            kind,
+            rows,
+            timeout,
+            device: device.cloned(),
+            arrived: Instant::now(),
+            turn: Mutex::new(Slot {
+                turn: Turn::Waiting,
+                waker: None,
+                gone: false,
+            }),
+            ready: Condvar::new(),
+        });
+        queue.waiting.push_back(entry.clone());
+        if !queue.led {
+            queue.led = true;
+            return Ok(Joined::Leads(entry));
+        }
+        if queue.gathering && queue.waiting.len() >= queue.target {
+            self.company.notify_one();
+        }
+        Ok(Joined::Queued(entry))
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -350,21 +389,97 @@ impl Drop for Handover<'_> {
     }
 }
 
-fn give(e: &Entry, turn: Turn) {
-    let mut t = e.turn.lock().unwrap_or_else(|p| p.into_inner());
-    *t = turn;
-    e.ready.notify_one();
+impl Entry {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
-/// The oldest queued call leads the next batch; with none queued, the next call leads.
+/// Gives `e` its turn and wakes it; `false` if its awaited call was dropped.
+fn give(e: &Entry, turn: Turn) -> bool {
+    let mut slot = e.slot();
+    if slot.gone {
+        return false;
+    }
+    slot.turn = turn;
+    if let Some(waker) = slot.waker.take() {
+        waker.wake();
+    }
+    e.ready.notify_one();
+    true
+}
+
+/// The oldest queued call leads the next batch (past any whose awaited call was dropped); with
+/// none queued, the next call leads.
 fn pass_lead(batcher: &Batcher) {
-    let mut queue = batcher.lock();
-    match queue.waiting.front() {
-        Some(next) => {
-            let next = next.clone();
-            drop(queue);
-            give(&next, Turn::Lead);
+    loop {
+        let mut queue = batcher.lock();
+        let Some(next) = queue.waiting.front().cloned() else {
+            queue.led = false;
+            return;
+        };
+        drop(queue);
+        if give(&next, Turn::Lead) {
+            return;
         }
-        None => queue.led = false,
+        batcher.lock().waiting.retain(|e| !Arc::ptr_eq(e, &next));
+    }
+}
+
+/// An awaited call's wait in the queue: its result, or the lead. Dropped before either came, the
+/// call leaves the queue (its inputs are not run), and a lead it was given goes on to the next.
+pub(crate) struct Waiting<'a> {
+    pub(crate) batcher: &'a Batcher,
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) done: bool,
+}
+
+/// What a [`Waiting`] call got.
+pub(crate) enum Got {
+    Lead,
+    Done(Result<Outputs>),
+}
+
+impl std::future::Future for Waiting<'_> {
+    type Output = Got;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Got> {
+        let mut slot = self.entry.slot();
+        let got = match std::mem::replace(&mut slot.turn, Turn::Waiting) {
+            Turn::Waiting => {
+                match &mut slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                return std::task::Poll::Pending;
+            }
+            Turn::Lead => Got::Lead,
+            Turn::Done(result) => Got::Done(result),
+        };
+        drop(slot);
+        self.done = true;
+        std::task::Poll::Ready(got)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // The queue's lock before the slot's, as everywhere.
+        let mut queue = self.batcher.lock();
+        queue.waiting.retain(|e| !Arc::ptr_eq(e, &self.entry));
+        drop(queue);
+        let mut slot = self.entry.slot();
+        slot.gone = true;
+        let led = matches!(slot.turn, Turn::Lead);
+        drop(slot);
+        if led {
+            pass_lead(self.batcher);
+        }
     }
 }
