@@ -53,12 +53,15 @@ fn row(i: usize) -> pyop::Result<Tensor> {
     Ok(Tensor::from_vec(v, (1, 256), &Device::Cpu)?)
 }
 
-/// `calls` requests on each of `threads` threads; every answer (label, scores), in order.
+/// One request's answer: its label and its row of scores.
+type Answer = (Vec<i64>, Vec<Vec<f32>>);
+
+/// `calls` requests on each of `threads` threads; every answer, in order.
 fn serve(
     threads: usize,
     calls: usize,
     f: fn(&Tensor) -> pyop::Result<(Tensor, Tensor)>,
-) -> pyop::Result<(Duration, Vec<(Vec<i64>, Vec<Vec<f32>>)>)> {
+) -> pyop::Result<(Duration, Vec<Answer>)> {
     let started = Instant::now();
     let answers = std::thread::scope(|s| {
         let handlers: Vec<_> = (0..threads)

@@ -61,9 +61,10 @@ pub(crate) struct Counters {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OpStats {
-    /// Calls made, successful or not (forward calls and gradient calls).
+    /// Calls made, successful or not (forward calls and gradient calls): body calls, so a batch
+    /// of a batching op is one (see [`batched_calls`](Self::batched_calls)).
     pub calls: u64,
-    /// Calls that returned an error.
+    /// Calls that returned an error (a failed batch is one).
     pub errors: u64,
     /// Time spent with the GIL held: converting, running the body, checking its outputs. Counted
     /// only while timing is on ([`set_timing`]); zero otherwise.

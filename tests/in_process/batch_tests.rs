@@ -600,3 +600,121 @@ fn a_declared_batching_op_gives_each_of_four_threads_its_own_rows() {
         );
     });
 }
+
+// --- found by review: calls from inside bodies, awaited calls not polled, a call alone ---
+
+/// A batching op called from inside a body — its own, through `pyop.rust` — runs unbatched: the
+/// body's thread leads the batch, and waiting in the queue for itself would never end.
+#[test]
+fn a_batching_op_called_from_a_body_runs_unbatched() {
+    within(60, "nested batching call", || {
+        let op = Arc::new(
+            PyOp::builder("nested_rows")
+                .code(
+                    "import pyop\n\
+                     def nested_rows(x):\n\
+                     \x20   if float(x.sum()) > 100:\n\
+                     \x20       return x\n\
+                     \x20   return pyop.rust.nested_rows_again(x + 1000)",
+                )
+                .batch(Batch::new(4).wait(Duration::from_millis(5)))
+                .tout([OutSpec::same_as(0)])
+                .build()
+                .unwrap(),
+        );
+        let again = op.clone();
+        pyop::expose("nested_rows_again", move |args| {
+            Ok(pyop::Value::from(
+                again.call(&[Arg::from(args[0].tensor()?)])?.remove(0),
+            ))
+        })
+        .unwrap();
+        let got = together(3, |t| {
+            let x = Tensor::new(&[[t as f32]], &Device::Cpu).unwrap();
+            op.call(&[Arg::from(&x)]).unwrap()[0]
+                .to_vec2::<f32>()
+                .unwrap()
+        });
+        assert_eq!(got, [[[1000.]], [[1001.]], [[1002.]]]);
+        // The nested calls were not queued: every batched call is an outer one.
+        assert_eq!(op.stats().batched_calls, 3, "{:?}", op.stats());
+    });
+}
+
+/// The lead never waits for an awaited call's task to be polled: a queued awaited call's batch
+/// is led for it on pyop's threads, so a blocked caller behind it is served at once.
+#[test]
+fn an_awaited_call_not_polled_holds_up_no_one() {
+    within(60, "unpolled awaited call", || {
+        let op = Arc::new(
+            PyOp::builder("slow_rows")
+                .code("import time\ndef slow_rows(x):\n    time.sleep(0.2)\n    return x + 1")
+                .numpy()
+                .batch(Batch::new(1))
+                .tout([OutSpec::same_as(0)])
+                .build()
+                .unwrap(),
+        );
+        let row = |v: f32| Tensor::new(&[[v]], &Device::Cpu).unwrap();
+        // A call runs alone for 200 ms; an awaited call, polled once, queues behind it; a
+        // blocked call queues behind that one.
+        let first = {
+            let op = op.clone();
+            std::thread::spawn(move || op.call(&[Arg::from(&row(1.))]).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let mut awaited = Box::pin(op.call_async(&[Arg::from(&row(2.))]));
+        let once = futures_lite::future::block_on(futures_lite::future::poll_once(&mut awaited));
+        assert!(once.is_none());
+        std::thread::sleep(Duration::from_millis(20));
+        let behind = {
+            let op = op.clone();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let y = op.call(&[Arg::from(&row(3.))]).unwrap();
+                (started.elapsed(), y[0].to_vec2::<f32>().unwrap())
+            })
+        };
+        first.join().unwrap();
+        // Nobody polls the awaited call for 3 s.
+        std::thread::sleep(Duration::from_secs(3));
+        let (took, y) = behind.join().unwrap();
+        assert_eq!(y, [[4.]]);
+        assert!(took < Duration::from_secs(2), "held up for {took:?}");
+        let y = futures_lite::future::block_on(awaited).unwrap();
+        assert_eq!(y[0].to_vec2::<f32>().unwrap(), [[3.]]);
+    });
+}
+
+/// A call alone gets the checks a batch's calls get: its result does not depend on whether it
+/// found company. And an output shaped like an argument the batch does not stack is refused
+/// when the op is built.
+#[test]
+fn a_call_alone_is_checked_as_a_batch_is() {
+    let op = PyOp::builder("total_alone")
+        .code("def total_alone(x):\n    return x.sum(axis=0)")
+        .numpy()
+        .batch(Batch::new(2))
+        .tout([OutSpec::new(DType::F32)])
+        .build()
+        .unwrap();
+    let x = Tensor::ones((3, 2), DType::F32, &Device::Cpu).unwrap();
+    let e = op.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutputMismatch);
+    assert_eq!(
+        e.message(),
+        "output 0 has shape [2]; a batching op's outputs have the batch's 3 rows along axis 0"
+    );
+    let e = PyOp::builder("like_w")
+        .code("def like_w(x, w):\n    return w")
+        .numpy()
+        .batch(Batch::new(2).inputs([0]))
+        .tout([OutSpec::same_as(1)])
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.message(),
+        "output 0 takes the shape of argument 1, which the batch does not stack: its axis 0 \
+         would not be the batch's rows"
+    );
+}

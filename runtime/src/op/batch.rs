@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use smallvec::SmallVec;
 
-use super::batcher::{Batcher, Entry, Got, Handover, Joined, Place, Waiting};
+use super::batcher::{Batcher, Entry, Handover, Joined, Place, Waiting};
 use super::{CallOptions, PyOp};
 use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
@@ -17,7 +17,8 @@ use crate::spec::OutSpec;
 
 impl PyOp {
     /// A call of a batching op: alone and without `wait`, the ordinary call; else through the
-    /// queue.
+    /// queue. A call made from inside a body (any op's, through `pyop.rust`) runs unbatched: it
+    /// may be the leader's own body calling, which would wait for itself.
     pub(super) fn call_batched(
         &self,
         batcher: &Batcher,
@@ -26,27 +27,53 @@ impl PyOp {
     ) -> Result<Outputs> {
         let op = &*self.inner;
         let timeout = options.timeout.or(op.timeout);
+        if crate::bridge::tensor::device::in_body() {
+            let options = CallOptions {
+                device: options.device,
+                timeout,
+            };
+            return self.call_unbatched(args, &options, None);
+        }
         match batcher.enter(&op.name, args, options.device, timeout)? {
-            Place::Alone => self.run_alone(batcher, args, options.device, timeout),
-            Place::Leads(own) => self.lead(batcher, &own),
+            Place::Alone(rows) => self.run_alone(batcher, args, rows, options.device, timeout),
+            Place::Leads(own) => self.lead(batcher, &own).1,
             Place::Done(result) => result,
         }
     }
 
     /// A call alone (`Place::Alone`, `Joined::Alone`): the ordinary call on the caller's own
-    /// tensors, then the lead passed on.
+    /// tensors, its outputs checked as a batch's, then the lead passed on.
     fn run_alone(
         &self,
         batcher: &Batcher,
         args: &[Arg<'_>],
+        rows: usize,
         device: Option<&candle_core::Device>,
         timeout: Option<Duration>,
     ) -> Result<Outputs> {
-        let handover = Handover::alone(batcher);
-        let result = self.call_unbatched(args, &CallOptions { device, timeout }, Some(1));
-        self.inner.counters.record_batch(1, Duration::ZERO);
+        let op = &*self.inner;
+        let spawn = |e| self.spawn_lead(e);
+        let handover = Handover::of(batcher, &[], &op.name, &spawn);
+        let result = self
+            .call_unbatched(args, &CallOptions { device, timeout }, Some(1))
+            .and_then(|outputs| rows_checked(op, outputs, rows));
+        op.counters.record_batch(1, Duration::ZERO);
         handover.done(Vec::new());
         result
+    }
+
+    /// Leads the batch of `own`, an awaited call the lead reached, on pyop's threads; its
+    /// result goes to its `Waiting` future. The run goes to its end whatever becomes of that.
+    fn spawn_lead(&self, own: Arc<Entry>) {
+        let me = self.clone();
+        drop(crate::threads::run_to_end(
+            crate::threads::Lane::Bodies,
+            move || {
+                let batcher = me.inner.batcher.as_ref().expect("a batching op");
+                let (own, result) = me.lead(batcher, &own);
+                own.answer(result);
+            },
+        ));
     }
 
     /// An awaited call of a batching op: it joins the queue where the future is polled and
@@ -62,32 +89,28 @@ impl PyOp {
         let op = &*self.inner;
         let batcher = op.batcher.as_ref().expect("a batching op");
         let timeout = timeout.or(op.timeout);
-        let joined = batcher.join(&op.name, &args.args(), device.as_ref(), timeout)?;
+        let joined = batcher.join(&op.name, &args.args(), device.as_ref(), timeout, true)?;
         let me = self.clone();
         let run = match joined {
-            Joined::Alone => crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
-                let batcher = me.inner.batcher.as_ref().expect("a batching op");
-                me.run_alone(batcher, &args.args(), device.as_ref(), timeout)
-            }),
+            Joined::Alone(rows) => {
+                crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
+                    let batcher = me.inner.batcher.as_ref().expect("a batching op");
+                    me.run_alone(batcher, &args.args(), rows, device.as_ref(), timeout)
+                })
+            }
             Joined::Leads(own) => {
                 crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
                     me.lead(me.inner.batcher.as_ref().expect("a batching op"), &own)
+                        .1
                 })
             }
             Joined::Queued(own) => {
-                let waiting = Waiting {
+                return Waiting {
                     batcher,
-                    entry: own.clone(),
+                    entry: own,
                     done: false,
-                };
-                match waiting.await {
-                    Got::Done(result) => return result,
-                    Got::Lead => {
-                        crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
-                            me.lead(me.inner.batcher.as_ref().expect("a batching op"), &own)
-                        })
-                    }
                 }
+                .await
             }
         };
         run.await
@@ -95,20 +118,21 @@ impl PyOp {
     }
 
     /// The leader's part: gather a batch with `own` in it, run it, hand out its rows, pass the
-    /// lead on; `own`'s result.
-    fn lead(&self, batcher: &Batcher, own: &Arc<Entry>) -> Result<Outputs> {
+    /// lead on; `own` and its result.
+    fn lead(&self, batcher: &Batcher, own: &Arc<Entry>) -> (Arc<Entry>, Result<Outputs>) {
         let op = &*self.inner;
         // Gathered without the GIL: the calls it waits for may need it to reach the queue.
         let batch = crate::python::without_gil(|| batcher.gather(own));
         let started = Instant::now();
         let waited = batch.iter().map(|e| started - e.arrived).sum();
-        let handover = Handover::of(batcher, &batch);
+        let spawn = |e| self.spawn_lead(e);
+        let handover = Handover::of(batcher, &batch, &op.name, &spawn);
         let results = self.run_batch(&batch);
         op.counters.record_batch(batch.len(), waited);
         let mut results = results.into_iter();
         let own_result = results.next().expect("one result per call");
         handover.done(batch[1..].iter().cloned().zip(results).collect());
-        own_result
+        (own.clone(), own_result)
     }
 
     /// Runs one batch: the ordinary call on the stacked inputs, the outputs cut into each
@@ -122,7 +146,9 @@ impl PyOp {
                 device: e.device.as_ref(),
                 timeout: e.timeout,
             };
-            return vec![self.call_unbatched(&e.args.args(), &options, Some(1))];
+            return vec![self
+                .call_unbatched(&e.args.args(), &options, Some(1))
+                .and_then(|outputs| rows_checked(op, outputs, e.rows))];
         }
         let all: Vec<SmallVec<[Arg<'_>; 4]>> = batch.iter().map(|e| e.args.args()).collect();
         let first = &all[0];
@@ -157,21 +183,7 @@ impl PyOp {
                 timeout: batch[0].timeout,
             };
             let outputs = self.call_unbatched(&args, &options, Some(n))?;
-            for (k, o) in outputs.iter().enumerate() {
-                if o.dims().first() != Some(&total) {
-                    return Err(Error::mismatch(
-                        &op.name,
-                        ErrorKind::OutputMismatch,
-                        Some(k),
-                        format!(
-                            "output {k} has shape {:?}; a batching op's outputs have the batch's \
-                             {total} rows along axis 0",
-                            o.dims()
-                        ),
-                    ));
-                }
-            }
-            Ok(outputs)
+            rows_checked(op, outputs, total)
         });
         let outputs = match outputs {
             Ok(o) => o,
@@ -189,6 +201,27 @@ impl PyOp {
             })
             .collect()
     }
+}
+
+/// A batch's outputs (`rows` rows in all), each with the batch's rows along
+/// axis 0, as they must be to be cut into each call's rows; also for a call alone, so that a
+/// call's result does not depend on whether it found company.
+fn rows_checked(op: &super::OpInner, outputs: Outputs, rows: usize) -> Result<Outputs> {
+    for (k, o) in outputs.iter().enumerate() {
+        if o.dims().first() != Some(&rows) {
+            return Err(Error::mismatch(
+                &op.name,
+                ErrorKind::OutputMismatch,
+                Some(k),
+                format!(
+                    "output {k} has shape {:?}; a batching op's outputs have the batch's {rows} \
+                     rows along axis 0",
+                    o.dims()
+                ),
+            ));
+        }
+    }
+    Ok(outputs)
 }
 
 /// One call's rows of a batch's outputs, checked against its own `tout`; detached from the graph

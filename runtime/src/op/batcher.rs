@@ -7,8 +7,9 @@
 //! queued calls that can share a body call with its own (the same dtypes, trailing shapes,
 //! unstacked arguments, device and time limit), runs them, hands every caller its result and
 //! passes the lead to the oldest call still queued. The others wait, without the GIL, until
-//! their result or the lead reaches them. A call alone with `wait` zero runs as an unbatched
-//! call, with no copy.
+//! their result or the lead reaches them; an awaited call never waits for the lead (its task
+//! may not be polled for a while): its batch is led on pyop's threads for it (`Handover`'s
+//! `spawn`). A call alone with `wait` zero runs as an unbatched call, with no copy.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -55,6 +56,8 @@ pub(crate) struct Entry {
     pub(crate) timeout: Option<Duration>,
     pub(crate) device: Option<Device>,
     pub(crate) arrived: Instant,
+    /// An awaited call: the lead is not given to it, its batch is led for it.
+    awaited: bool,
     turn: Mutex<Slot>,
     /// A blocked caller waits here (an awaited one leaves its waker in the slot).
     ready: Condvar,
@@ -64,14 +67,16 @@ pub(crate) struct Entry {
 struct Slot {
     turn: Turn,
     waker: Option<std::task::Waker>,
-    /// The awaited call was dropped: nothing given reaches it, and the lead goes past it.
+    /// The awaited call was dropped: nothing given reaches it.
     gone: bool,
+    /// An awaited call whose batch a job on pyop's threads leads: it stays queued until then.
+    led_for: bool,
 }
 
-/// Where a call stands once it joined the queue (`Batcher::enter`).
+/// Where a call stands once it joined the queue and waited (`Batcher::enter`).
 pub(crate) enum Place {
-    /// Alone: it runs as an unbatched call.
-    Alone,
+    /// Alone, with its rows: it runs as an unbatched call.
+    Alone(usize),
     /// It leads a batch (`Batcher::gather`, then its run).
     Leads(Arc<Entry>),
     /// Another call's batch served it.
@@ -80,11 +85,11 @@ pub(crate) enum Place {
 
 /// Where a call stands once it joined the queue, before any wait (`Batcher::join`).
 pub(crate) enum Joined {
-    /// Alone: it runs as an unbatched call.
-    Alone,
+    /// Alone, with its rows: it runs as an unbatched call.
+    Alone(usize),
     /// It leads a batch.
     Leads(Arc<Entry>),
-    /// Queued: its result or the lead reaches it ([`Waiting`]).
+    /// Queued: its result (or, for a blocked call, the lead) reaches it ([`Waiting`]).
     Queued(Arc<Entry>),
 }
 
@@ -114,8 +119,33 @@ enum Part {
         device: DeviceLocation,
     },
     Same(SmallVec<[TensorId; 1]>),
-    /// A plain value, compared as written (a float by its bits).
-    Value(String),
+    Value(Plain),
+}
+
+/// A plain argument's value, compared as written: a float by its bits (`-0.0` is not `0.0`, a
+/// NaN is itself, so a call is always of its own kind).
+struct Plain(crate::arg::Kept<(), ()>);
+
+impl PartialEq for Plain {
+    fn eq(&self, other: &Self) -> bool {
+        use crate::arg::Kept as K;
+        fn bits<T: Copy, B: PartialEq>(a: &[T], b: &[T], f: impl Fn(T) -> B) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| f(*x) == f(*y))
+        }
+        match (&self.0, &other.0) {
+            (K::F64(a), K::F64(b)) => a.to_bits() == b.to_bits(),
+            (K::F64s(a), K::F64s(b)) => bits(a, b, f64::to_bits),
+            (K::F32s(a), K::F32s(b)) => bits(a, b, f32::to_bits),
+            (K::I64(a), K::I64(b)) => a == b,
+            (K::Bool(a), K::Bool(b)) => a == b,
+            (K::Str(a), K::Str(b)) => a == b,
+            (K::I64s(a), K::I64s(b)) => a == b,
+            (K::U64(a), K::U64(b)) => a == b,
+            (K::Usizes(a), K::Usizes(b)) => a == b,
+            (K::None, K::None) => true,
+            _ => false,
+        }
+    }
 }
 
 impl Batcher {
@@ -141,9 +171,9 @@ impl Batcher {
     }
 
     /// The leader's wait for company: up to `wait` after `own` came, or until the target's
-    /// number of calls of its kind are queued (`Queue::target`); then the batch, taken off the queue: calls of `own`'s kind in the order
-    /// they came. `own` is the oldest queued call (a call leads only when it found the queue
-    /// empty, or as its oldest), so it is first.
+    /// number of calls of its kind are queued (`Queue::target`); then the batch, taken off the
+    /// queue: calls of `own`'s kind in the order they came. `own` is the oldest queued call (a
+    /// call leads only when it found the queue empty, or as its oldest), so it is first.
     pub(crate) fn gather(&self, own: &Arc<Entry>) -> Vec<Arc<Entry>> {
         let max = self.batch.max;
         let mut queue = self.lock();
@@ -188,8 +218,8 @@ impl Batcher {
         device: Option<&Device>,
         timeout: Option<Duration>,
     ) -> Result<Place> {
-        let entry = match self.join(op, args, device, timeout)? {
-            Joined::Alone => return Ok(Place::Alone),
+        let entry = match self.join(op, args, device, timeout, false)? {
+            Joined::Alone(rows) => return Ok(Place::Alone(rows)),
             Joined::Leads(entry) => return Ok(Place::Leads(entry)),
             Joined::Queued(entry) => entry,
         };
@@ -212,34 +242,44 @@ impl Batcher {
         })
     }
 
-    /// A call joins the queue, without waiting (see [`enter`](Self::enter)).
+    /// A call joins the queue, without waiting (see [`enter`](Self::enter)); `awaited`: the
+    /// lead is never given to it (see [`Waiting`]).
     pub(crate) fn join(
         &self,
         op: &str,
         args: &[Arg<'_>],
         device: Option<&Device>,
         timeout: Option<Duration>,
+        awaited: bool,
     ) -> Result<Joined> {
-        let (kind, rows) = self.kind(op, args, device, timeout)?;
-        let mut queue = self.lock();
-        if !queue.led && queue.waiting.is_empty() && self.batch.wait.is_zero() {
-            queue.led = true;
-            return Ok(Joined::Alone);
+        let rows = self.rows(op, args)?;
+        let alone = self.batch.wait.is_zero() && {
+            let mut queue = self.lock();
+            let alone = !queue.led && queue.waiting.is_empty();
+            queue.led |= alone;
+            alone
+        };
+        if alone {
+            return Ok(Joined::Alone(rows));
         }
+        // Made outside the lock; what the queue looks like is read again below.
         let entry = Arc::new(Entry {
             args: OwnedArgs::new(args),
-            kind,
+            kind: self.kind(args, device, timeout),
             rows,
             timeout,
             device: device.cloned(),
             arrived: Instant::now(),
+            awaited,
             turn: Mutex::new(Slot {
                 turn: Turn::Waiting,
                 waker: None,
                 gone: false,
+                led_for: false,
             }),
             ready: Condvar::new(),
         });
+        let mut queue = self.lock();
         queue.waiting.push_back(entry.clone());
         if !queue.led {
             queue.led = true;
@@ -256,85 +296,74 @@ impl Batcher {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The call's kind and its rows (axis 0 of its stacked inputs), or why it cannot be batched.
-    fn kind(
-        &self,
-        op: &str,
-        args: &[Arg<'_>],
-        device: Option<&Device>,
-        timeout: Option<Duration>,
-    ) -> Result<(Kind, usize)> {
+    /// The call's rows (axis 0 of its stacked inputs), or why it cannot be batched.
+    fn rows(&self, op: &str, args: &[Arg<'_>]) -> Result<usize> {
         let mut rows: Option<(usize, usize)> = None;
-        let mut parts = SmallVec::new();
         for (i, arg) in args.iter().enumerate() {
-            let part = if self.stacked(i, arg) {
-                let Arg::Tensor(t) = arg else {
-                    return Err(refused(
-                        op,
-                        format!("argument {i} is stacked by the op's batching but is not a tensor"),
-                    ));
-                };
-                let Some((&n, rest)) = t.dims().split_first() else {
+            if !self.stacked(i, arg) {
+                continue;
+            }
+            let Arg::Tensor(t) = arg else {
+                return Err(refused(
+                    op,
+                    format!("argument {i} is stacked by the op's batching but is not a tensor"),
+                ));
+            };
+            let Some(&n) = t.dims().first() else {
+                return Err(refused(
+                    op,
+                    format!(
+                        "argument {i} is a 0-d tensor: a batching op stacks its inputs along \
+                         axis 0, so each needs one"
+                    ),
+                ));
+            };
+            match rows {
+                None => rows = Some((i, n)),
+                Some((j, m)) if m != n => {
                     return Err(refused(
                         op,
                         format!(
-                            "argument {i} is a 0-d tensor: a batching op stacks its inputs along \
-                             axis 0, so each needs one"
+                            "argument {j} has {m} rows and argument {i} has {n}: a batching \
+                             op's stacked inputs have the same size along axis 0"
                         ),
-                    ));
-                };
-                match rows {
-                    None => rows = Some((i, n)),
-                    Some((j, m)) if m != n => {
-                        return Err(refused(
-                            op,
-                            format!(
-                                "argument {j} has {m} rows and argument {i} has {n}: a batching \
-                                 op's stacked inputs have the same size along axis 0"
-                            ),
-                        ))
-                    }
-                    Some(_) => {}
+                    ))
                 }
-                Part::Rows {
-                    dtype: t.dtype(),
-                    rest: rest.into(),
-                    device: t.device().location(),
-                }
-            } else {
-                match arg {
-                    Arg::Tensor(t) => Part::Same(smallvec::smallvec![t.id()]),
-                    Arg::Tensors(ts) => Part::Same(ts.iter().map(Tensor::id).collect()),
-                    Arg::F64(v) => Part::Value(format!("f{:x}", v.to_bits())),
-                    Arg::F64s(v) => Part::Value(format!(
-                        "fs{:x?}",
-                        v.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                    )),
-                    Arg::F32s(v) => Part::Value(format!(
-                        "f32s{:x?}",
-                        v.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                    )),
-                    other => Part::Value(format!("{other:?}")),
-                }
-            };
-            parts.push(part);
+                Some(_) => {}
+            }
         }
-        let Some((_, rows)) = rows else {
-            return Err(refused(
+        match rows {
+            Some((_, rows)) => Ok(rows),
+            None => Err(refused(
                 op,
                 "no argument is stacked: a batching op needs a tensor argument to stack \
                  along axis 0"
                     .into(),
-            ));
-        };
-        Ok((
-            Kind {
-                args: parts,
-                device: device.map(Device::location),
-                timeout,
-            },
-            rows,
-        ))
+            )),
+        }
+    }
+
+    /// The call's kind (its arguments checked by [`rows`](Self::rows)).
+    fn kind(&self, args: &[Arg<'_>], device: Option<&Device>, timeout: Option<Duration>) -> Kind {
+        let parts = args
+            .iter()
+            .enumerate()
+            .map(|(i, arg)| match arg {
+                Arg::Tensor(t) if self.stacked(i, arg) => Part::Rows {
+                    dtype: t.dtype(),
+                    rest: t.dims()[1..].into(),
+                    device: t.device().location(),
+                },
+                Arg::Tensor(t) => Part::Same(smallvec::smallvec![t.id()]),
+                Arg::Tensors(ts) => Part::Same(ts.iter().map(Tensor::id).collect()),
+                plain => Part::Value(Plain(crate::arg::Kept::new(plain, |_| (), |_| ()))),
+            })
+            .collect();
+        Kind {
+            args: parts,
+            device: device.map(Device::location),
+            timeout,
+        }
     }
 }
 
@@ -347,19 +376,24 @@ fn refused(op: &str, message: String) -> Error {
 pub(crate) struct Handover<'a> {
     batcher: &'a Batcher,
     batch: &'a [Arc<Entry>],
+    op: &'a str,
+    /// Leads the batch of an awaited call the lead reaches, on pyop's threads.
+    spawn: &'a (dyn Fn(Arc<Entry>) + Sync),
 }
 
 impl<'a> Handover<'a> {
     /// The handover of a leader's `batch` (the leader's own call first).
-    pub(crate) fn of(batcher: &'a Batcher, batch: &'a [Arc<Entry>]) -> Self {
-        Handover { batcher, batch }
-    }
-
-    /// The handover of a call alone (`Place::Alone`).
-    pub(crate) fn alone(batcher: &'a Batcher) -> Self {
+    pub(crate) fn of(
+        batcher: &'a Batcher,
+        batch: &'a [Arc<Entry>],
+        op: &'a str,
+        spawn: &'a (dyn Fn(Arc<Entry>) + Sync),
+    ) -> Self {
         Handover {
             batcher,
-            batch: &[],
+            batch,
+            op,
+            spawn,
         }
     }
 
@@ -368,7 +402,7 @@ impl<'a> Handover<'a> {
         for (e, r) in results {
             give(&e, Turn::Done(r));
         }
-        pass_lead(self.batcher);
+        pass_lead(self.batcher, self.spawn);
         std::mem::forget(self);
     }
 }
@@ -379,13 +413,13 @@ impl Drop for Handover<'_> {
             give(
                 e,
                 Turn::Done(Err(Error::op_failure(
-                    None::<&str>,
+                    self.op,
                     ErrorKind::Panic,
                     "the thread running this call's batch panicked",
                 ))),
             );
         }
-        pass_lead(self.batcher);
+        pass_lead(self.batcher, self.spawn);
     }
 }
 
@@ -393,75 +427,88 @@ impl Entry {
     fn slot(&self) -> MutexGuard<'_, Slot> {
         self.turn.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Gives this (awaited) call its result.
+    pub(crate) fn answer(&self, result: Result<Outputs>) {
+        give(self, Turn::Done(result));
+    }
 }
 
-/// Gives `e` its turn and wakes it; `false` if its awaited call was dropped.
-fn give(e: &Entry, turn: Turn) -> bool {
+/// Gives `e` its turn and wakes it (nothing reaches an awaited call that was dropped).
+fn give(e: &Entry, turn: Turn) {
     let mut slot = e.slot();
     if slot.gone {
-        return false;
+        return;
     }
     slot.turn = turn;
     if let Some(waker) = slot.waker.take() {
         waker.wake();
     }
     e.ready.notify_one();
-    true
 }
 
-/// The oldest queued call leads the next batch (past any whose awaited call was dropped); with
-/// none queued, the next call leads.
-fn pass_lead(batcher: &Batcher) {
+/// The oldest queued call leads the next batch: a blocked one itself, an awaited one through
+/// `spawn` (dropped ones are skipped); with none queued, the next call leads. Decided under
+/// the queue's lock, so that a dropped awaited call ([`Waiting`]'s drop) either leaves the
+/// queue before or stays for the batch led for it.
+fn pass_lead(batcher: &Batcher, spawn: &(dyn Fn(Arc<Entry>) + Sync)) {
+    let mut queue = batcher.lock();
     loop {
-        let mut queue = batcher.lock();
         let Some(next) = queue.waiting.front().cloned() else {
             queue.led = false;
             return;
         };
-        drop(queue);
-        if give(&next, Turn::Lead) {
-            return;
+        let mut slot = next.slot();
+        if slot.gone {
+            drop(slot);
+            queue.waiting.pop_front();
+            continue;
         }
-        batcher.lock().waiting.retain(|e| !Arc::ptr_eq(e, &next));
+        if next.awaited {
+            slot.led_for = true;
+            drop(slot);
+            drop(queue);
+            spawn(next);
+        } else {
+            slot.turn = Turn::Lead;
+            next.ready.notify_one();
+        }
+        return;
     }
 }
 
-/// An awaited call's wait in the queue: its result, or the lead. Dropped before either came, the
-/// call leaves the queue (its inputs are not run), and a lead it was given goes on to the next.
+/// An awaited call's wait in the queue for its result (its batch led by another call, or for it
+/// on pyop's threads). Dropped before that, the call leaves the queue (its rows are not run),
+/// unless its batch is already being led for it.
 pub(crate) struct Waiting<'a> {
     pub(crate) batcher: &'a Batcher,
     pub(crate) entry: Arc<Entry>,
     pub(crate) done: bool,
 }
 
-/// What a [`Waiting`] call got.
-pub(crate) enum Got {
-    Lead,
-    Done(Result<Outputs>),
-}
-
 impl std::future::Future for Waiting<'_> {
-    type Output = Got;
+    type Output = Result<Outputs>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Got> {
+    ) -> std::task::Poll<Result<Outputs>> {
         let mut slot = self.entry.slot();
-        let got = match std::mem::replace(&mut slot.turn, Turn::Waiting) {
+        match std::mem::replace(&mut slot.turn, Turn::Waiting) {
+            Turn::Done(result) => {
+                drop(slot);
+                self.done = true;
+                std::task::Poll::Ready(result)
+            }
+            Turn::Lead => unreachable!("the lead is not given to an awaited call"),
             Turn::Waiting => {
                 match &mut slot.waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
                     w => *w = Some(cx.waker().clone()),
                 }
-                return std::task::Poll::Pending;
+                std::task::Poll::Pending
             }
-            Turn::Lead => Got::Lead,
-            Turn::Done(result) => Got::Done(result),
-        };
-        drop(slot);
-        self.done = true;
-        std::task::Poll::Ready(got)
+        }
     }
 }
 
@@ -470,16 +517,12 @@ impl Drop for Waiting<'_> {
         if self.done {
             return;
         }
-        // The queue's lock before the slot's, as everywhere.
+        // The queue's lock before the slot's, as in `pass_lead`.
         let mut queue = self.batcher.lock();
-        queue.waiting.retain(|e| !Arc::ptr_eq(e, &self.entry));
-        drop(queue);
         let mut slot = self.entry.slot();
         slot.gone = true;
-        let led = matches!(slot.turn, Turn::Lead);
-        drop(slot);
-        if led {
-            pass_lead(self.batcher);
+        if !slot.led_for {
+            queue.waiting.retain(|e| !Arc::ptr_eq(e, &self.entry));
         }
     }
 }

@@ -366,6 +366,21 @@ impl OpBuilder {
                      rows along axis 0: declare that axis `_`"
                 );
             }
+            if let (Some(inputs), Some((i, j))) = (
+                &batch.inputs,
+                tout.iter()
+                    .enumerate()
+                    .find_map(|(i, o)| o.like.map(|j| (i, j))),
+            ) {
+                if !inputs.contains(&j) {
+                    bail!(
+                        &name,
+                        InvalidArgument,
+                        "output {i} takes the shape of argument {j}, which the batch does not \
+                         stack: its axis 0 would not be the batch's rows"
+                    );
+                }
+            }
         }
         let function = self.function.unwrap_or_else(|| name.clone());
         let mode = self.mode;

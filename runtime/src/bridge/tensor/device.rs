@@ -35,6 +35,13 @@ impl Drop for DeviceScope {
     }
 }
 
+/// Whether this thread is running a body (of any op): a call from here comes from Python.
+pub(crate) fn in_body() -> bool {
+    DEVICES
+        .try_with(|d| !d.borrow().is_empty())
+        .unwrap_or(false)
+}
+
 pub(crate) fn current_device() -> Device {
     DEVICES
         .try_with(|d| d.borrow().last().cloned())
