@@ -469,6 +469,44 @@ fn a_batch_is_one_request_to_a_worker() {
     });
 }
 
+/// On a pool of 2 workers, 2 batches run at once (a batch is one request): each body waits until
+/// it sees the other running, and says whether it did.
+#[test]
+fn batches_run_side_by_side_on_a_pool_of_workers() {
+    within(180, "batches side by side", || {
+        let dir = std::env::temp_dir().join(format!("pyop-side-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let op = PyOp::builder("side_by_side")
+            .code(
+                "import os, time\n\
+                 def side_by_side(x, d):\n\
+                 \x20   open(os.path.join(d, str(os.getpid())), 'w').close()\n\
+                 \x20   deadline = time.time() + 10\n\
+                 \x20   while len(os.listdir(d)) < 2 and time.time() < deadline:\n\
+                 \x20       time.sleep(0.005)\n\
+                 \x20   return x * 0 + len(os.listdir(d))",
+            )
+            .numpy()
+            .workers(2)
+            .batch(Batch::new(2).wait(Duration::from_millis(50)).inputs([0]))
+            .tout([OutSpec::same_as(0)])
+            .build()
+            .unwrap();
+        let d = dir.to_str().unwrap();
+        let got = together(4, |t| {
+            let x = Tensor::new(&[[t as f32]], &Device::Cpu).unwrap();
+            op.call(&[Arg::from(&x), Arg::from(d)]).unwrap()[0]
+                .to_vec2::<f32>()
+                .unwrap()
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Every body saw two running (a body alone would have waited out its 10 s and seen 1).
+        assert_eq!(got, vec![vec![vec![2f32]]; 4]);
+        let stats = op.stats();
+        assert_eq!((stats.batches, stats.max_batch), (2, 2), "{stats:?}");
+    });
+}
+
 /// Many threads hammering a batching op end with every call answered (no lost lead).
 #[test]
 fn many_callers_many_times_all_answered() {

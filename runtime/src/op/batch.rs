@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use smallvec::SmallVec;
 
-use super::batcher::{Batcher, Entry, Handover, Joined, Place, Waiting};
+use super::batcher::{Batcher, Entry, Handover, Joined, Place, Started, Waiting};
 use super::{CallOptions, PyOp};
 use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
@@ -35,7 +35,9 @@ impl PyOp {
             return self.call_unbatched(args, &options, None);
         }
         match batcher.enter(&op.name, args, options.device, timeout)? {
-            Place::Alone(rows) => self.run_alone(batcher, args, rows, options.device, timeout),
+            Place::Alone(rows, started) => {
+                self.run_alone(batcher, started, args, rows, options.device, timeout)
+            }
             Place::Leads(own) => self.lead(batcher, &own).1,
             Place::Done(result) => result,
         }
@@ -46,6 +48,7 @@ impl PyOp {
     fn run_alone(
         &self,
         batcher: &Batcher,
+        started: Started,
         args: &[Arg<'_>],
         rows: usize,
         device: Option<&candle_core::Device>,
@@ -53,7 +56,7 @@ impl PyOp {
     ) -> Result<Outputs> {
         let op = &*self.inner;
         let spawn = |e| self.spawn_lead(e);
-        let handover = Handover::of(batcher, &[], &op.name, &spawn);
+        let handover = Handover::of(batcher, &[], started, &op.name, &spawn);
         let result = self
             .call_unbatched(args, &CallOptions { device, timeout }, Some(1))
             .and_then(|outputs| rows_checked(op, outputs, rows));
@@ -92,10 +95,17 @@ impl PyOp {
         let joined = batcher.join(&op.name, &args.args(), device.as_ref(), timeout, true)?;
         let me = self.clone();
         let run = match joined {
-            Joined::Alone(rows) => {
+            Joined::Alone(rows, started) => {
                 crate::threads::run_to_end(crate::threads::Lane::Bodies, move || {
                     let batcher = me.inner.batcher.as_ref().expect("a batching op");
-                    me.run_alone(batcher, &args.args(), rows, device.as_ref(), timeout)
+                    me.run_alone(
+                        batcher,
+                        started,
+                        &args.args(),
+                        rows,
+                        device.as_ref(),
+                        timeout,
+                    )
                 })
             }
             Joined::Leads(own) => {
@@ -121,12 +131,12 @@ impl PyOp {
     /// lead on; `own` and its result.
     fn lead(&self, batcher: &Batcher, own: &Arc<Entry>) -> (Arc<Entry>, Result<Outputs>) {
         let op = &*self.inner;
-        // Gathered without the GIL: the calls it waits for may need it to reach the queue.
-        let batch = crate::python::without_gil(|| batcher.gather(own));
-        let started = Instant::now();
-        let waited = batch.iter().map(|e| started - e.arrived).sum();
         let spawn = |e| self.spawn_lead(e);
-        let handover = Handover::of(batcher, &batch, &op.name, &spawn);
+        // Gathered without the GIL: the calls it waits for may need it to reach the queue.
+        let (batch, started) = crate::python::without_gil(|| batcher.gather(own, &spawn));
+        let now = Instant::now();
+        let waited = batch.iter().map(|e| now - e.arrived).sum();
+        let handover = Handover::of(batcher, &batch, started, &op.name, &spawn);
         let results = self.run_batch(&batch);
         op.counters.record_batch(batch.len(), waited);
         let mut results = results.into_iter();

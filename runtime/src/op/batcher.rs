@@ -26,6 +26,9 @@ use crate::spec::Batch;
 /// The queue of one batching op's calls.
 pub(crate) struct Batcher {
     pub(crate) batch: Batch,
+    /// How many batches may run at once: the size of the op's worker pool (each batch is one
+    /// request), 1 in the program (bodies take turns on the GIL anyway).
+    side_by_side: usize,
     queue: Mutex<Queue>,
     /// The leader waits here for company.
     company: Condvar,
@@ -40,8 +43,11 @@ struct Queue {
     /// for good, as taking the last batch's size would; calls that queue while a batch runs
     /// raise it at once.
     target: usize,
-    /// A batch is being gathered or run: its leader hands the lead on when done.
+    /// A batch is being gathered, or run by a leader that keeps the lead until it is done (when
+    /// `side_by_side` batches run): its leader hands the lead on.
     led: bool,
+    /// Batches running now.
+    running: usize,
     /// The leader is waiting for company (arrivals that fill a batch wake it).
     gathering: bool,
     waiting: VecDeque<Arc<Entry>>,
@@ -76,7 +82,7 @@ struct Slot {
 /// Where a call stands once it joined the queue and waited (`Batcher::enter`).
 pub(crate) enum Place {
     /// Alone, with its rows: it runs as an unbatched call.
-    Alone(usize),
+    Alone(usize, Started),
     /// It leads a batch (`Batcher::gather`, then its run).
     Leads(Arc<Entry>),
     /// Another call's batch served it.
@@ -86,11 +92,19 @@ pub(crate) enum Place {
 /// Where a call stands once it joined the queue, before any wait (`Batcher::join`).
 pub(crate) enum Joined {
     /// Alone, with its rows: it runs as an unbatched call.
-    Alone(usize),
+    Alone(usize, Started),
     /// It leads a batch.
     Leads(Arc<Entry>),
     /// Queued: its result (or, for a blocked call, the lead) reaches it ([`Waiting`]).
     Queued(Arc<Entry>),
+}
+
+/// A batch that started running.
+#[derive(Clone, Copy)]
+pub(crate) struct Started {
+    /// Its leader passed the lead on when it started (fewer than `side_by_side` batches ran);
+    /// else it passes it on when done.
+    passed: bool,
 }
 
 /// What a queued call is waiting for.
@@ -149,10 +163,13 @@ impl PartialEq for Plain {
 }
 
 impl Batcher {
-    pub(crate) fn new(batch: Batch) -> Self {
+    /// A batcher whose batches run `side_by_side` at most at once (at least 1).
+    pub(crate) fn new(batch: Batch, side_by_side: usize) -> Self {
         Batcher {
+            side_by_side: side_by_side.max(1),
             queue: Mutex::new(Queue {
                 target: batch.max,
+                running: 0,
                 led: false,
                 gathering: false,
                 waiting: VecDeque::new(),
@@ -173,8 +190,14 @@ impl Batcher {
     /// The leader's wait for company: up to `wait` after `own` came, or until the target's
     /// number of calls of its kind are queued (`Queue::target`); then the batch, taken off the
     /// queue: calls of `own`'s kind in the order they came. `own` is the oldest queued call (a
-    /// call leads only when it found the queue empty, or as its oldest), so it is first.
-    pub(crate) fn gather(&self, own: &Arc<Entry>) -> Vec<Arc<Entry>> {
+    /// call leads only when it found the queue empty, or as its oldest), so it is first. While
+    /// fewer than `side_by_side` batches run, the lead is passed on at once, so that the next
+    /// batch gathers while this one runs (`Started::passed`).
+    pub(crate) fn gather(
+        &self,
+        own: &Arc<Entry>,
+        spawn: &(dyn Fn(Arc<Entry>) + Sync),
+    ) -> (Vec<Arc<Entry>>, Started) {
         let max = self.batch.max;
         let mut queue = self.lock();
         let deadline = own.arrived + self.batch.wait;
@@ -204,7 +227,19 @@ impl Batcher {
         }
         queue.waiting = kept;
         queue.target = batch.len().max(queue.target - 1);
-        batch
+        let started = self.start(&mut queue);
+        if started.passed {
+            pass_lead_locked(queue, spawn);
+        }
+        (batch, started)
+    }
+
+    /// A batch starts (`queue` locked): whether its leader passes the lead on now.
+    fn start(&self, queue: &mut Queue) -> Started {
+        queue.running += 1;
+        Started {
+            passed: queue.running < self.side_by_side,
+        }
     }
 
     /// A call joins the queue and waits, blocked, until its result or the lead reaches it:
@@ -219,7 +254,7 @@ impl Batcher {
         timeout: Option<Duration>,
     ) -> Result<Place> {
         let entry = match self.join(op, args, device, timeout, false)? {
-            Joined::Alone(rows) => return Ok(Place::Alone(rows)),
+            Joined::Alone(rows, started) => return Ok(Place::Alone(rows, started)),
             Joined::Leads(entry) => return Ok(Place::Leads(entry)),
             Joined::Queued(entry) => entry,
         };
@@ -253,14 +288,14 @@ impl Batcher {
         awaited: bool,
     ) -> Result<Joined> {
         let rows = self.rows(op, args)?;
-        let alone = self.batch.wait.is_zero() && {
+        if self.batch.wait.is_zero() {
             let mut queue = self.lock();
-            let alone = !queue.led && queue.waiting.is_empty();
-            queue.led |= alone;
-            alone
-        };
-        if alone {
-            return Ok(Joined::Alone(rows));
+            if !queue.led && queue.waiting.is_empty() {
+                let started = self.start(&mut queue);
+                // With room for more batches, the next call leads at once.
+                queue.led = !started.passed;
+                return Ok(Joined::Alone(rows, started));
+            }
         }
         // Made outside the lock; what the queue looks like is read again below.
         let entry = Arc::new(Entry {
@@ -376,6 +411,7 @@ fn refused(op: &str, message: String) -> Error {
 pub(crate) struct Handover<'a> {
     batcher: &'a Batcher,
     batch: &'a [Arc<Entry>],
+    started: Started,
     op: &'a str,
     /// Leads the batch of an awaited call the lead reaches, on pyop's threads.
     spawn: &'a (dyn Fn(Arc<Entry>) + Sync),
@@ -386,12 +422,14 @@ impl<'a> Handover<'a> {
     pub(crate) fn of(
         batcher: &'a Batcher,
         batch: &'a [Arc<Entry>],
+        started: Started,
         op: &'a str,
         spawn: &'a (dyn Fn(Arc<Entry>) + Sync),
     ) -> Self {
         Handover {
             batcher,
             batch,
+            started,
             op,
             spawn,
         }
@@ -402,7 +440,7 @@ impl<'a> Handover<'a> {
         for (e, r) in results {
             give(&e, Turn::Done(r));
         }
-        pass_lead(self.batcher, self.spawn);
+        self.batcher.finish(self.started, self.spawn);
         std::mem::forget(self);
     }
 }
@@ -419,7 +457,7 @@ impl Drop for Handover<'_> {
                 ))),
             );
         }
-        pass_lead(self.batcher, self.spawn);
+        self.batcher.finish(self.started, self.spawn);
     }
 }
 
@@ -447,12 +485,22 @@ fn give(e: &Entry, turn: Turn) {
     e.ready.notify_one();
 }
 
+impl Batcher {
+    /// A batch is done: the lead passed on, if its leader kept it.
+    fn finish(&self, started: Started, spawn: &(dyn Fn(Arc<Entry>) + Sync)) {
+        let mut queue = self.lock();
+        queue.running -= 1;
+        if !started.passed {
+            pass_lead_locked(queue, spawn);
+        }
+    }
+}
+
 /// The oldest queued call leads the next batch: a blocked one itself, an awaited one through
 /// `spawn` (dropped ones are skipped); with none queued, the next call leads. Decided under
 /// the queue's lock, so that a dropped awaited call ([`Waiting`]'s drop) either leaves the
 /// queue before or stays for the batch led for it.
-fn pass_lead(batcher: &Batcher, spawn: &(dyn Fn(Arc<Entry>) + Sync)) {
-    let mut queue = batcher.lock();
+fn pass_lead_locked(mut queue: MutexGuard<'_, Queue>, spawn: &(dyn Fn(Arc<Entry>) + Sync)) {
     loop {
         let Some(next) = queue.waiting.front().cloned() else {
             queue.led = false;
@@ -464,6 +512,7 @@ fn pass_lead(batcher: &Batcher, spawn: &(dyn Fn(Arc<Entry>) + Sync)) {
             queue.waiting.pop_front();
             continue;
         }
+        queue.led = true;
         if next.awaited {
             slot.led_for = true;
             drop(slot);

@@ -444,6 +444,8 @@ impl OpBuilder {
             };
             Ok((body, keep, gradient, source, accepts_out))
         })?;
+        // A batch is one request: as many may run at once as the pool has workers.
+        let batches_side_by_side = self.pool.as_ref().map_or(1, WorkerPool::size);
         let workers = match (self.pool, &source) {
             (Some(pool), Some(src)) => Some(Workers::new(pool, &name, src)),
             _ => None,
@@ -468,7 +470,9 @@ impl OpBuilder {
                 function,
                 gradient_name,
                 workers,
-                batcher: self.batch.map(super::batcher::Batcher::new),
+                batcher: self
+                    .batch
+                    .map(|b| super::batcher::Batcher::new(b, batches_side_by_side)),
                 _module: module,
             }),
         })
