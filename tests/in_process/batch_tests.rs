@@ -176,7 +176,9 @@ fn an_exception_fails_every_caller_of_its_batch_with_the_same_error() {
             .tout([OutSpec::new(DType::F32)])
             .build()
             .unwrap();
-        // Three calls fill a batch of three; one has a negative row.
+        // Three calls fill a batch of three; one has a negative row. The leader starts when the
+        // third comes, not after its 30 s.
+        let started = std::time::Instant::now();
         let got = together(3, |t| {
             let x = Tensor::new(&[[if t == 1 { -1f32 } else { 1. }]], &Device::Cpu).unwrap();
             op.call(&[Arg::from(&x)])
@@ -191,6 +193,11 @@ fn an_exception_fails_every_caller_of_its_batch_with_the_same_error() {
             );
             assert!(e.traceback().unwrap().contains("in checked"));
         }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            started.elapsed()
+        );
         let stats = op.stats();
         assert_eq!((stats.batches, stats.max_batch, stats.errors), (1, 3, 1));
         // A call alone fails with the plain message.
@@ -469,6 +476,62 @@ fn a_batch_is_one_request_to_a_worker() {
     });
 }
 
+/// A caller left alone stops waiting for company: the leader waits for as many calls as the last
+/// batch had, halfway down after one that fell short (8, then 4, 2, 1).
+#[test]
+fn a_caller_alone_stops_waiting_after_a_few_calls() {
+    let op = PyOp::builder("alone_rows")
+        .code("def alone_rows(x):\n    return x + 1")
+        .numpy()
+        .batch(Batch::new(8).wait(Duration::from_millis(30)))
+        .tout([OutSpec::same_as(0)])
+        .build()
+        .unwrap();
+    let x = Tensor::new(&[[1f32]], &Device::Cpu).unwrap();
+    let waited = |op: &PyOp| {
+        let before = op.stats().batch_wait;
+        op.call(&[Arg::from(&x)]).unwrap();
+        op.stats().batch_wait - before
+    };
+    // Waiting for 8, 4 and 2 calls: each waits out `wait`.
+    for call in 0..3 {
+        let w = waited(&op);
+        assert!(w >= Duration::from_millis(30), "call {call} waited {w:?}");
+    }
+    // Then for 1: no wait at all.
+    for call in 3..6 {
+        let w = waited(&op);
+        assert!(w < Duration::from_millis(30), "call {call} waited {w:?}");
+    }
+}
+
+/// An unstacked tensor is compared by identity: calls with different ones (of the same shape)
+/// never share a batch, and each gets its own's result.
+#[test]
+fn calls_with_different_unstacked_tensors_never_share_a_batch() {
+    within(60, "unstacked tensors", || {
+        let op = PyOp::builder("times_w")
+            .code("def times_w(x, w):\n    return x * w.sum()")
+            .numpy()
+            .batch(Batch::new(4).wait(Duration::from_millis(30)).inputs([0]))
+            .tout([OutSpec::same_as(0)])
+            .build()
+            .unwrap();
+        let ws: Vec<Tensor> = (0..2)
+            .map(|i| Tensor::new(&[i as f32 + 1.], &Device::Cpu).unwrap())
+            .collect();
+        let got = together(4, |t| {
+            let x = Tensor::new(&[[10f32]], &Device::Cpu).unwrap();
+            let w = &ws[t % 2];
+            op.call(&[Arg::from(&x), Arg::from(w)]).unwrap()[0]
+                .to_vec2::<f32>()
+                .unwrap()
+        });
+        assert_eq!(got, [[[10.]], [[20.]], [[10.]], [[20.]]]);
+        assert!(op.stats().batches >= 2, "{:?}", op.stats());
+    });
+}
+
 /// On a pool of 2 workers, 2 batches run at once (a batch is one request): each body waits until
 /// it sees the other running, and says whether it did.
 #[test]
@@ -536,7 +599,8 @@ fn many_callers_many_times_all_answered() {
         assert_eq!(sums.iter().sum::<f32>(), 2400.);
         let stats = op.stats();
         assert_eq!(stats.batched_calls, 2400);
-        assert!(stats.max_batch <= 3);
+        // With `wait` 0, calls that queue while a batch runs still form the next one.
+        assert!(stats.max_batch > 1 && stats.max_batch <= 3, "{stats:?}");
     });
 }
 

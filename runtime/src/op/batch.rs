@@ -13,7 +13,6 @@ use super::{CallOptions, PyOp};
 use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
 use crate::error::{Error, ErrorKind, Result};
-use crate::spec::OutSpec;
 
 impl PyOp {
     /// A call of a batching op: alone and without `wait`, the ordinary call; else through the
@@ -234,8 +233,12 @@ fn rows_checked(op: &super::OpInner, outputs: Outputs, rows: usize) -> Result<Ou
     Ok(outputs)
 }
 
-/// One call's rows of a batch's outputs, checked against its own `tout`; detached from the graph
-/// when none of its own inputs is tracked (its outputs then are what an unbatched call gives).
+/// One call's rows of a batch's outputs, detached from the graph when none of its own inputs
+/// is tracked (its outputs then are what an unbatched call gives). They need no check of their
+/// own: the batch's outputs passed the op's output check with every axis but the first, which
+/// the build requires free (`_`), and `rows_checked` made the first the batch's rows; an output
+/// shaped `like` a stacked input has that input's rows by construction (`like` an unstacked one
+/// is refused at build).
 fn cut(
     op: &super::OpInner,
     outputs: &Outputs,
@@ -244,43 +247,12 @@ fn cut(
     rows: usize,
 ) -> Result<Outputs> {
     let tracked = super::autograd::any_tracked(args);
-    let tout = op.resolved_tout(args)?;
     let mut mine = Vec::with_capacity(outputs.len());
-    for (k, (o, spec)) in outputs.iter().zip(tout.iter()).enumerate() {
+    for o in outputs.iter() {
         let t = o
             .narrow(0, start, rows)
             .map_err(|e| Error::from(e).in_op(&op.name))?;
-        check_rows(op, k, spec, &t, args)?;
         mine.push(if tracked { t } else { t.detach() });
     }
     Ok(Outputs::from_vec(mine))
-}
-
-/// A call's rows of output `k` against its declared shape (the batch's outputs passed the check
-/// of dtypes and of every other axis).
-fn check_rows(
-    op: &super::OpInner,
-    k: usize,
-    spec: &OutSpec,
-    t: &Tensor,
-    args: &[Arg<'_>],
-) -> Result<()> {
-    let like = spec.like.and_then(|i| match args.get(i) {
-        Some(Arg::Tensor(x)) => Some(x.dims()),
-        _ => None,
-    });
-    let fits = spec.shape_matches(t.dims()) && like.is_none_or(|d| d == t.dims());
-    if fits {
-        Ok(())
-    } else {
-        Err(Error::mismatch(
-            &op.name,
-            ErrorKind::OutputMismatch,
-            Some(k),
-            format!(
-                "output {k}: this call's rows of the batch have shape {:?}, not the declared {spec}",
-                t.dims()
-            ),
-        ))
-    }
 }

@@ -36,11 +36,12 @@ pub(crate) struct Batcher {
 
 struct Queue {
     /// How many calls the leader waits for: `max` before the first batch; then the size of a
-    /// batch that reached it, or one less than it after a batch that fell short (`wait` ran
-    /// out). Threads that each call again when answered come back as a batch of their number,
-    /// so the leader runs as soon as they are back instead of waiting out `wait` for calls that
-    /// are not coming; a late one (a slow wake-up) does not split them into two smaller batches
-    /// for good, as taking the last batch's size would; calls that queue while a batch runs
+    /// batch that reached it, or halfway down to the size of a batch that fell short (`wait`
+    /// ran out). Threads that each call again when answered come back as a batch of their
+    /// number, so the leader runs as soon as they are back instead of waiting out `wait` for
+    /// calls that are not coming; a late one (a slow wake-up) does not split them into two
+    /// smaller batches for good, as taking the last batch's size would; a caller left alone
+    /// stops waiting after a few calls (8 → 4 → 2 → 1); calls that queue while a batch runs
     /// raise it at once.
     target: usize,
     /// A batch is being gathered, or run by a leader that keeps the lead until it is done (when
@@ -217,8 +218,12 @@ impl Batcher {
         }
         debug_assert!(queue.waiting.front().is_some_and(|e| Arc::ptr_eq(e, own)));
         let mut batch: Vec<Arc<Entry>> = Vec::with_capacity(max.min(queue.waiting.len()));
+        batch.push(own.clone());
         let mut kept = VecDeque::with_capacity(queue.waiting.len());
         for e in queue.waiting.drain(..) {
+            if Arc::ptr_eq(&e, own) {
+                continue;
+            }
             if batch.len() < max && e.kind == own.kind {
                 batch.push(e);
             } else {
@@ -226,7 +231,11 @@ impl Batcher {
             }
         }
         queue.waiting = kept;
-        queue.target = batch.len().max(queue.target - 1);
+        queue.target = if batch.len() >= queue.target {
+            batch.len()
+        } else {
+            (queue.target + batch.len()) / 2
+        };
         let started = self.start(&mut queue);
         if started.passed {
             pass_lead_locked(queue, spawn);
@@ -573,5 +582,57 @@ impl Drop for Waiting<'_> {
         if !slot.led_for {
             queue.waiting.retain(|e| !Arc::ptr_eq(e, &self.entry));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Arg::*;
+
+    fn plain(a: Arg<'_>) -> Plain {
+        Plain(crate::arg::Kept::new(&a, |_| (), |_| ()))
+    }
+
+    /// Calls share a batch only with the same plain values: each kind of value equals itself
+    /// and no other, a different value of one kind differs, floats compare by their bits.
+    #[test]
+    fn plain_values_are_equal_as_written() {
+        let values = [
+            F64(1.5),
+            F64s(&[1.0, 2.0]),
+            F32s(&[1.0]),
+            I64(3),
+            Bool(true),
+            Str("a"),
+            I64s(&[1, 2]),
+            U64(7),
+            Usizes(&[1]),
+            Arg::None,
+        ];
+        for (i, a) in values.iter().enumerate() {
+            for (j, b) in values.iter().enumerate() {
+                assert_eq!(plain(*a) == plain(*b), i == j, "{a:?} and {b:?}");
+            }
+        }
+        let differ = [
+            (F64(1.0), F64(2.0)),
+            (F64s(&[1.0]), F64s(&[1.0, 1.0])),
+            (F64s(&[1.0, 2.0]), F64s(&[1.0, 3.0])),
+            (F32s(&[1.0]), F32s(&[2.0])),
+            (I64(1), I64(2)),
+            (Bool(true), Bool(false)),
+            (Str("a"), Str("b")),
+            (I64s(&[1]), I64s(&[2])),
+            (U64(1), U64(2)),
+            (Usizes(&[1]), Usizes(&[2])),
+        ];
+        for (a, b) in differ {
+            assert!(plain(a) != plain(b), "{a:?} and {b:?}");
+        }
+        assert!(plain(F64(f64::NAN)) == plain(F64(f64::NAN)));
+        assert!(plain(F64s(&[f64::NAN])) == plain(F64s(&[f64::NAN])));
+        assert!(plain(F64(0.0)) != plain(F64(-0.0)));
+        assert!(plain(F32s(&[0.0])) != plain(F32s(&[-0.0])));
     }
 }
