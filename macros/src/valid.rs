@@ -24,8 +24,9 @@ pub fn check(cx: &Ctxt, opts: &Options, f: &Function<'_>) {
         check_tout_arity(cx, tout, f);
         check_like_params(cx, tout, f);
         check_numpy_dtypes(cx, opts, tout);
-        if opts.batch.is_some() {
+        if let Some(batch) = &opts.batch {
             check_batch_outputs(cx, tout);
+            check_batch_like(cx, &batch.value, tout);
         }
     }
 }
@@ -301,6 +302,29 @@ fn check_batch_inputs(cx: &Ctxt, batch: &BatchDecl, f: &Function<'_>) {
                      axis 0"
                 ),
             ),
+        }
+    }
+}
+
+/// An output shaped like a parameter (`f32[w]`, `like(w)`) of a batching op that `inputs` does
+/// not stack would not have the batch's rows along axis 0; the runtime's rule, at compile time.
+fn check_batch_like(cx: &Ctxt, batch: &BatchDecl, tout: &Tout) {
+    let Some(inputs) = &batch.inputs else {
+        return;
+    };
+    for (i, out) in tout.outputs.iter().enumerate() {
+        let Some(x) = &out.like else {
+            continue;
+        };
+        if !inputs.value.iter().any(|n| n == x) {
+            cx.error_spanned_by(
+                x,
+                format!(
+                    "output {i} takes the shape of `{x}`, which `inputs` does not stack: its axis \
+                     0 would not be the batch's rows; add `{x}` to `inputs`, or declare the \
+                     shape with axis 0 free (`f32[_, …]`)"
+                ),
+            );
         }
     }
 }
