@@ -168,26 +168,14 @@ pub(crate) fn run<R: Send + 'static>(
     interrupt: Interrupt,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> Landing<R> {
-    let slot = Slot::new(None);
-    let job = {
-        let slot = Arc::clone(&slot);
-        let interrupt = interrupt.clone();
-        Box::new(move || {
-            if interrupt.cancelled() {
-                // Dropped while it waited: nobody wants it.
-                return;
-            }
-            slot.make(|| interrupt.scope(f));
-        })
-    };
-    let queued_behind = threads(lane).submit(job);
-    Landing {
-        slot,
-        interrupt,
-        since: Instant::now(),
-        queued_behind,
-        done: false,
-    }
+    let job_interrupt = interrupt.clone();
+    submit(lane, interrupt, move |slot| {
+        if job_interrupt.cancelled() {
+            // Dropped while it waited: nobody wants it.
+            return;
+        }
+        slot.make(|| job_interrupt.scope(f));
+    })
 }
 
 /// As [`run`], but `f` runs to its end whether or not the future is dropped (a batch's leader,
@@ -196,15 +184,23 @@ pub(crate) fn run_to_end<R: Send + 'static>(
     lane: Lane,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> Landing<R> {
+    submit(lane, Interrupt::default(), move |slot| slot.make(f))
+}
+
+/// Queues `job`, which fills the slot of the returned future, on `lane`.
+fn submit<R: Send + 'static>(
+    lane: Lane,
+    interrupt: Interrupt,
+    job: impl FnOnce(&Slot<R>) + Send + 'static,
+) -> Landing<R> {
     let slot = Slot::new(None);
-    let job = {
+    let queued_behind = threads(lane).submit({
         let slot = Arc::clone(&slot);
-        Box::new(move || slot.make(f))
-    };
-    let queued_behind = threads(lane).submit(job);
+        Box::new(move || job(&slot))
+    });
     Landing {
         slot,
-        interrupt: Interrupt::default(),
+        interrupt,
         since: Instant::now(),
         queued_behind,
         done: false,

@@ -252,9 +252,9 @@ impl Batcher {
     }
 
     /// A call joins the queue and waits, blocked, until its result or the lead reaches it:
-    /// alone (none queued, no batch running, no `wait`: it runs as an unbatched call, and must
-    /// then call [`Handover::done`] on [`Handover::alone`]), or leading a batch, or served by
-    /// another call's batch; why it cannot be batched otherwise.
+    /// alone (none queued, no batch running, no `wait`: it runs as an unbatched call, then hands
+    /// over with [`Handover::done`]), or leading a batch, or served by another call's batch; why
+    /// it cannot be batched otherwise.
     pub(crate) fn enter(
         &self,
         op: &str,
