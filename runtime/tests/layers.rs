@@ -237,25 +237,259 @@ type Graph = BTreeMap<Vec<String>, Vec<(Vec<String>, String)>>;
 
 fn graph(src: &Path) -> (BTreeMap<Vec<String>, PathBuf>, Graph) {
     let modules = modules(src);
+    let texts: BTreeMap<&Vec<String>, String> = modules
+        .iter()
+        .map(|(m, f)| (m, code(&std::fs::read_to_string(f).unwrap())))
+        .collect();
+    let g = graph_of(&texts);
+    (modules, g)
+}
+
+/// The graph of files given by module path and code: the paths each names, and the methods it
+/// calls that are defined in another file than their type (`spread_methods`).
+fn graph_of(texts: &BTreeMap<&Vec<String>, String>) -> Graph {
+    let modules: BTreeMap<Vec<String>, PathBuf> = texts
+        .keys()
+        .map(|m| ((*m).clone(), PathBuf::new()))
+        .collect();
+    let methods = spread_methods(texts);
     let mut g = Graph::new();
-    for (module, file) in &modules {
-        let text = code(&std::fs::read_to_string(file).unwrap());
+    for (module, text) in texts {
         if module.is_empty() {
             // The crate root declares and re-exports every module: not an edge of the layering.
-            g.insert(module.clone(), Vec::new());
+            g.insert((*module).clone(), Vec::new());
             continue;
         }
         let mut edges = Vec::new();
-        for path in named_paths(module, &text) {
+        for path in named_paths(module, text) {
             if let Some(t) = target(&modules, &path) {
-                if t != module {
+                if t != *module {
                     edges.push((t.clone(), path.join("::")));
                 }
             }
         }
-        g.insert(module.clone(), edges);
+        for m in &methods {
+            if m.file != **module && calls(text, &m.name) {
+                edges.push((m.file.clone(), format!("{}::{} (a method)", m.ty, m.name)));
+            }
+        }
+        g.insert((*module).clone(), edges);
     }
-    (modules, g)
+    g
+}
+
+/// A method of an inherent `impl` that is not in the file defining its type.
+#[derive(Debug, PartialEq)]
+struct Method {
+    ty: String,
+    name: String,
+    file: Vec<String>,
+}
+
+/// The methods defined away from their type's definition (`impl OpInner { fn x }` in another
+/// file than `struct OpInner`), whose names no other function of the crate has. A call of one
+/// (`op.x(..)`, `OpInner::x(..)`) names no path, so without these the graph would not see that
+/// the caller uses the method's file: a back-edge through a method call would go unnoticed.
+fn spread_methods(texts: &BTreeMap<&Vec<String>, String>) -> Vec<Method> {
+    // A type's file, or None where two files define a type by that name.
+    let mut defined_in: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+    let mut fn_count: BTreeMap<String, usize> = BTreeMap::new();
+    let mut found = Vec::new();
+    for (module, text) in texts {
+        for ty in type_definitions(text) {
+            let home = defined_in
+                .entry(ty)
+                .or_insert_with(|| Some((*module).clone()));
+            if home.as_ref() != Some(*module) {
+                *home = None;
+            }
+        }
+        for name in words_after(text, "fn ") {
+            *fn_count.entry(name).or_default() += 1;
+        }
+        for (ty, names) in inherent_impls(text) {
+            for name in names {
+                found.push(Method {
+                    ty: ty.clone(),
+                    name,
+                    file: (*module).clone(),
+                });
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter(|m| {
+            defined_in
+                .get(&m.ty)
+                .is_some_and(|home| home.as_ref().is_some_and(|h| *h != m.file))
+        })
+        .filter(|m| fn_count.get(&m.name) == Some(&1))
+        .collect()
+}
+
+/// The identifiers that follow `keyword` at a word's start (`fn name`, `struct Name`).
+fn words_after(text: &str, keyword: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(k) = text[from..].find(keyword) {
+        let i = from + k;
+        from = i + keyword.len();
+        let prev = text[..i].chars().next_back();
+        if prev.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = text[from..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// The structs and enums a file defines.
+fn type_definitions(text: &str) -> Vec<String> {
+    let mut out = words_after(text, "struct ");
+    out.extend(words_after(text, "enum "));
+    out
+}
+
+/// Each inherent `impl` block of a file (`impl Type`, `impl<T> Type<T>`, not `impl Trait for
+/// Type`): the type's name and the functions defined directly in the block.
+fn inherent_impls(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(k) = text[from..].find("impl") {
+        let i = from + k;
+        from = i + 4;
+        let at_line_start = text[..i].ends_with('\n') || i == 0;
+        let Some(open) = text[i..].find('{').map(|o| i + o) else {
+            break;
+        };
+        let header = &text[i + 4..open];
+        // `#[pymethods]` blocks are Python's view of a class: called from Python, and named as
+        // candle's own tensor methods (`max`, `detach`), which Rust code calls on tensors.
+        let python_facing = text[..i].trim_end().ends_with("#[pymethods]");
+        if !at_line_start || python_facing || header.contains(" for ") || header.contains(';') {
+            continue;
+        }
+        // `impl<'a, T: X> path::Type<'a, T> where ..`: the last segment before generics.
+        let header = header.split(" where").next().unwrap_or(header).trim();
+        let header = match header.strip_prefix('<') {
+            Some(rest) => skip_generics(rest),
+            None => header,
+        };
+        let ty = header.split('<').next().unwrap_or("").trim();
+        let ty = ty.rsplit("::").next().unwrap_or(ty).to_owned();
+        let body = block(text, open);
+        let fns = fn_names_at_depth_one(body);
+        out.push((ty, fns));
+        from = open + body.len();
+    }
+    out
+}
+
+/// The text after the generics that `rest` (just past a `<`) starts inside.
+fn skip_generics(rest: &str) -> &str {
+    let mut depth = 1;
+    for (k, c) in rest.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => {
+                depth -= 1;
+                if depth == 0 {
+                    return rest[k + 1..].trim_start();
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
+}
+
+/// The block that opens at `open` (a `{`), braces inside string and char literals skipped.
+fn block(text: &str, open: usize) -> &str {
+    let b = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                // A raw string (`r"..."`, `r#"..."#`) has no escapes.
+                let hashes = text[..i].bytes().rev().take_while(|&c| c == b'#').count();
+                let raw = text[..i - hashes].ends_with('r');
+                i += 1;
+                while i < b.len() {
+                    if !raw && b[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if b[i] == b'"' && text[i + 1..].bytes().take(hashes).all(|c| c == b'#') {
+                        i += hashes;
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            // A char literal ('{', '\'', '\\'); a lifetime ('a) has no closing quote.
+            b'\'' if b.get(i + 2) == Some(&b'\'') => i += 2,
+            b'\'' if b.get(i + 1) == Some(&b'\\') => {
+                i += 2;
+                while i < b.len() && b[i] != b'\'' {
+                    i += 1;
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[open..=i];
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    &text[open..]
+}
+
+/// The names of the functions defined directly in a block (not in nested blocks).
+fn fn_names_at_depth_one(body: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = &body[1..];
+    loop {
+        let next_brace = rest.find('{');
+        let next_fn = words_after(rest, "fn ")
+            .into_iter()
+            .next()
+            .and_then(|name| {
+                let at = rest.find(&format!("fn {name}"))?;
+                Some((at, name))
+            });
+        match (next_fn, next_brace) {
+            (Some((at, name)), brace) if brace.is_none_or(|b| at < b) => {
+                out.push(name.clone());
+                rest = &rest[at + 3 + name.len()..];
+            }
+            (_, Some(b)) => {
+                let inner = block(rest, b);
+                rest = &rest[b + inner.len()..];
+            }
+            _ => return out,
+        }
+    }
+}
+
+/// Whether a file calls a method by this name: `.name(`, `.name::<`, `::name(`.
+fn calls(text: &str, name: &str) -> bool {
+    [".", "::"].iter().any(|sep| {
+        [format!("{sep}{name}("), format!("{sep}{name}::<")]
+            .iter()
+            .any(|needle| text.contains(needle.as_str()))
+    })
 }
 
 fn show(module: &[String], modules: &BTreeMap<Vec<String>, PathBuf>, root: &Path) -> String {
@@ -453,4 +687,59 @@ fn the_checker_sees_groups_super_and_cycles() {
     assert_eq!(cycles(&g), [vec![a.clone(), b.clone(), c]]);
     g.insert(b, vec![]);
     assert!(cycles(&g).is_empty());
+}
+
+#[test]
+fn the_checker_sees_calls_of_methods_defined_away_from_their_type() {
+    let m = |s: &str| s.split("::").map(str::to_owned).collect::<Vec<_>>();
+    let files = [
+        ("op", "pub(crate) struct Inner { n: u8 }\nimpl Inner {\n    fn here(&self) {}\n}\n"),
+        (
+            "op::run",
+            "use super::Inner;\nimpl Inner {\n    pub(crate) fn far_away(&self, x: &str) -> String {\n        format!(\"{x}{{\")\n    }\n    fn new_len(&self) {}\n}\nimpl std::fmt::Debug for Inner {\n    fn fmt(&self) {}\n}\n#[pymethods]\nimpl Inner {\n    fn from_python(&self) {}\n}\n",
+        ),
+        ("op::call", "fn go(op: &Inner) { op.far_away(\"a\"); op.here(); op.from_python(); }\nfn new_len() {}\n"),
+        ("op::other", "fn f(v: Vec<u8>) { v.new_len(); }\n"),
+    ];
+    let texts: BTreeMap<Vec<String>, String> = files.iter().map(|(k, v)| (m(k), code(v))).collect();
+    let texts: BTreeMap<&Vec<String>, String> = texts.iter().map(|(k, v)| (k, v.clone())).collect();
+    // `far_away` only: `here` is in the type's own file, `new_len` is not a unique name, `fmt`
+    // belongs to a trait, and `from_python` to Python's view of the class.
+    assert_eq!(
+        spread_methods(&texts),
+        [Method {
+            ty: "Inner".into(),
+            name: "far_away".into(),
+            file: m("op::run"),
+        }]
+    );
+    // The method's file uses the caller's (a path), the caller calls the method: a cycle.
+    let mut texts = texts;
+    let run = m("op::run");
+    let text = format!("use super::call::go;\n{}", texts[&run]);
+    texts.insert(&run, code(&text));
+    let g = graph_of(&texts);
+    assert_eq!(cycles(&g), [vec![m("op::call"), m("op::run")]]);
+    assert!(calls("op.far_away(\"a\")", "far_away"));
+    assert!(calls("Inner::far_away(op)", "far_away"));
+    assert!(!calls("op.far_away_too()", "far_away"));
+}
+
+/// The op's inner type keeps its methods in two rooms: accessors beside its definition
+/// (`op/mod.rs`) and the call core (`op/run.rs`). The conductors (`forward`, `worker_call`,
+/// `batch`, `awaited`) are free functions taking `&OpInner`, so their calls are paths.
+#[test]
+fn the_inner_op_has_methods_in_two_files_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (modules, _) = graph(&root);
+    let with_impl: Vec<String> = modules
+        .iter()
+        .filter(|(_, f)| {
+            inherent_impls(&code(&std::fs::read_to_string(f).unwrap()))
+                .iter()
+                .any(|(ty, _)| ty == "OpInner")
+        })
+        .map(|(m, _)| show(m, &modules, &root))
+        .collect();
+    assert_eq!(with_impl, ["op/mod.rs", "op/run.rs"]);
 }

@@ -14,7 +14,7 @@ use std::future::Future;
 
 use candle_core::{Device, Tensor};
 
-use super::{CallOptions, PyOp};
+use super::{forward, worker_call, CallOptions, PyOp};
 use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
 use crate::error::Result;
@@ -70,11 +70,11 @@ impl PyOp {
         let timeout = options.timeout;
         async move {
             if op.inner.batcher.is_some() {
-                return op.awaited_batched(args, device, timeout).await;
+                return super::batch::awaited(op, args, device, timeout).await;
             }
             #[cfg(target_os = "linux")]
             if op.inner.workers.is_some() {
-                return op.awaited_in_worker(args, device, timeout).await;
+                return in_worker(op, args, device, timeout).await;
             }
             let call = crate::threads::run(Lane::Bodies, Interrupt::default(), move || {
                 let options = CallOptions {
@@ -87,63 +87,70 @@ impl PyOp {
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         }
     }
+}
 
-    /// An awaited forward call whose body runs in a worker process.
-    #[cfg(target_os = "linux")]
-    async fn awaited_in_worker(
-        self,
-        owned: OwnedArgs,
-        device: Option<Device>,
-        timeout: Option<std::time::Duration>,
-    ) -> Result<Outputs> {
-        use tracing::Instrument;
-        let op = &*self.inner;
-        let workers = op.workers.as_ref().expect("an op with workers");
-        let args = owned.args();
-        let before = op.before(&args, device.as_ref(), timeout)?;
-        // With hot reload on, the body's check takes the GIL: on pyop's threads.
-        let body = match &op.reload {
-            None => (None, op.accepts_out),
-            Some(_) => {
-                let me = self.clone();
-                gil(move || me.inner.worker_body_now()).await
-            }
-        };
-        let request = op.worker_request(&args, &before.prepared, body)?;
-        // How workers start is found once, with the GIL.
-        let launch = match super::worker_call::launch::found() {
-            Some(l) => l,
-            None => {
-                let me = self.clone();
-                gil(move || super::worker_call::launch::launch(&me.inner.name)).await?
-            }
-        };
-        let answer = op
-            .call_in_worker_async(workers, &args, &request, before.timeout, launch)
+/// An awaited forward call whose body runs in a worker process.
+#[cfg(target_os = "linux")]
+async fn in_worker(
+    pyop: PyOp,
+    owned: OwnedArgs,
+    device: Option<Device>,
+    timeout: Option<std::time::Duration>,
+) -> Result<Outputs> {
+    use tracing::Instrument;
+    let op = &*pyop.inner;
+    let workers = op.workers.as_ref().expect("an op with workers");
+    let args = owned.args();
+    let before = forward::before(op, &args, device.as_ref(), timeout)?;
+    // With hot reload on, the body's check takes the GIL: on pyop's threads.
+    let body = match &op.reload {
+        None => (None, op.accepts_out),
+        Some(_) => {
+            let me = pyop.clone();
+            gil(move || worker_call::worker_body_now(&me.inner)).await
+        }
+    };
+    let request = worker_call::worker_request(op, &args, &before.prepared, body)?;
+    // How workers start is found once, with the GIL.
+    let launch = match worker_call::launch::found() {
+        Some(l) => l,
+        None => {
+            let name = op.name.clone();
+            gil(move || worker_call::launch::launch(&name)).await?
+        }
+    };
+    let answer =
+        worker_call::call_in_worker_async(op, workers, &args, &request, before.timeout, launch)
             .instrument(before.span.clone())
             .await?;
-        drop(args);
-        // The reply read back and checked, and the outputs put into the graph, with the GIL:
-        // here when no other thread is inside pyop's door into Python (short work of pyop's own:
-        // a handover to pyop's thread and back costs two thread wake-ups), else there.
-        let read_back = move || {
-            let args = owned.args();
-            let _entered = before.span.enter();
-            let outputs = self.inner.worker_outputs(
-                &args,
-                &request,
-                &answer,
-                &before.device,
-                &before.span,
-            )?;
-            drop(answer);
-            self.after(&args, before.needs_node, before.prepared, outputs)
-        };
-        // (The first read-back imports NumPy in the program: milliseconds, on pyop's threads.)
-        match crate::python::alone().filter(|_| crate::python::numpy::imported()) {
-            Some(_alone) => read_back(),
-            None => gil(read_back).await,
-        }
+    drop(args);
+    // The reply read back and checked, and the outputs put into the graph, with the GIL:
+    // here when no other thread is inside pyop's door into Python (short work of pyop's own:
+    // a handover to pyop's thread and back costs two thread wake-ups), else there.
+    let read_back = move || {
+        let args = owned.args();
+        let _entered = before.span.enter();
+        let outputs = worker_call::worker_outputs(
+            &pyop.inner,
+            &args,
+            &request,
+            &answer,
+            &before.device,
+            &before.span,
+        )?;
+        drop(answer);
+        forward::after(
+            &pyop.inner,
+            &args,
+            before.needs_node,
+            before.prepared,
+            outputs,
+        )
+    };
+    // (The first read-back imports NumPy in the program: milliseconds, on pyop's threads.)
+    match crate::python::alone().filter(|_| crate::python::numpy::imported()) {
+        Some(_alone) => read_back(),
+        None => gil(read_back).await,
     }
 }
 

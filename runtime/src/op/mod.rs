@@ -8,6 +8,7 @@ pub(crate) mod batch;
 pub(crate) mod batcher;
 pub(crate) mod builder;
 pub(crate) mod call;
+pub(crate) mod forward;
 pub(crate) mod gradient;
 pub(crate) mod run;
 pub(crate) mod worker_call;
@@ -161,6 +162,21 @@ impl PyOp {
 }
 
 impl OpInner {
+    /// The outputs of this call: those declared with an argument's dtype (`tout = x.dtype`) get
+    /// it now (in numpy mode that input was checked to be a dtype NumPy holds).
+    pub(crate) fn resolved_tout<'t>(
+        &'t self,
+        args: &[crate::arg::Arg<'_>],
+    ) -> crate::error::Result<std::borrow::Cow<'t, [OutSpec]>> {
+        OutSpec::resolve(&self.tout, args).map_err(|msg| {
+            crate::error::Error::op_failure(
+                Some(self.name.as_str()),
+                crate::error::ErrorKind::InvalidArgument,
+                msg,
+            )
+        })
+    }
+
     /// How the op's tensors reach Python.
     pub(crate) fn passing(&self) -> crate::bridge::prepare::Passing {
         crate::bridge::prepare::Passing::of(self.mode, self.dlpack)

@@ -338,7 +338,7 @@ fn check_in_worker(op: &StaticOp) -> Result<()> {
     }
     let built = op.get()?;
     match &built.inner.workers {
-        Some(w) => built.inner.check_worker(w, &functions),
+        Some(w) => crate::op::worker_call::check_worker(&built.inner, w, &functions),
         None => Ok(()),
     }
 }

@@ -5,8 +5,10 @@ use candle_core::{DType, Device, Shape, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::checked::*;
+use super::compute::*;
 use super::device::current_device;
-use super::helpers::*;
+use super::parse::*;
 use super::PyTensor;
 use crate::bridge::numbers::{to_tensor, to_tensor_as};
 

@@ -6,7 +6,11 @@ use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyFloat, PyInt, PyList, PySlice, PyTuple};
 
-use super::helpers::*;
+use super::checked::*;
+use super::compute::*;
+use super::kernels::*;
+use super::parse::*;
+use super::values::*;
 use super::PyTensor;
 
 #[pymethods]

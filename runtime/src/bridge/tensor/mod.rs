@@ -8,15 +8,23 @@
 //! floats, i64 from ints and u8 from bools. Candle's errors are raised as `ValueError`s with
 //! candle's message. Work on large tensors runs with the GIL released.
 //!
-//! One file a part: the class (here), its one `#[pymethods]` block (`methods`), the helpers they
-//! share (`helpers`), the module functions (`functions`), the device new tensors land on
-//! (`device`), and the module itself (`module`). DLPack lives beside, in `bridge::dlpack`.
+//! One file a part: the class (here), its one `#[pymethods]` block (`methods`) and how those run
+//! candle ops (`dispatch`), the module functions (`functions`), and what both share, by job:
+//! running candle work (`compute`), checked sizes and integer arithmetic (`checked`), arguments
+//! from Python (`parse`), kernels candle lacks (`kernels`), Python values out of a tensor
+//! (`values`); the device new tensors land on (`device`), and the module itself (`module`).
+//! DLPack lives beside, in `bridge::dlpack`.
 
+mod checked;
+mod compute;
 pub(crate) mod device;
+mod dispatch;
 mod functions;
-mod helpers;
+mod kernels;
 mod methods;
 pub(crate) mod module;
+mod parse;
+mod values;
 
 use candle_core::Tensor;
 use pyo3::prelude::*;

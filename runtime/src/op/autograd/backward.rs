@@ -1,22 +1,155 @@
-//! The backward calls of a node: a Rust gradient (panics caught, results checked), or a Python one
-//! through the call core, its results checked like outputs.
+//! A node's part in candle's graph (`CustomOp1`): its forward hands back what the body already
+//! computed; its backward calls the op's gradient: a Rust gradient (panics caught, results
+//! checked), or a Python one through the call core (in the program or in a worker), its results
+//! checked like outputs.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use candle_core::Tensor;
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use super::node::{Node, SavedArg};
+use super::pack::{unpack, Slot};
 use crate::arg::Arg;
 use crate::bridge::args::python_tuple;
 use crate::bridge::outputs::{OutputCheck, Role};
 use crate::bridge::prepare::{Prepared, PreparedInputs};
 use crate::error::{panic_message, Error, ErrorKind, Result};
-use crate::op::gradient::{GradientCall, RustGradient};
+use crate::op::gradient::{Gradient, GradientCall, RustGradient};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
 use crate::spec::OutSpec;
+
+impl CustomOp1 for Node {
+    fn name(&self) -> &'static str {
+        "pyop"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Slot::Cpu(slot) = &self.slot else {
+            candle_core::bail!("pyop: op `{}` computed on another device", self.op.name())
+        };
+        let storage = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(storage) = storage else {
+            candle_core::bail!("pyop: op `{}` forward ran twice", self.op.name())
+        };
+        Ok((storage, self.out_shape.clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let Slot::Device(t) = &self.slot else {
+            candle_core::bail!("pyop: op `{}` computed on another device", self.op.name())
+        };
+        let (storage, layout) = t.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cuda(s) => Ok((s.try_clone(layout)?, t.shape().clone())),
+            _ => candle_core::bail!("pyop: op `{}` outputs are not on CUDA", self.op.name()),
+        }
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(self.backward(grad_res)?)
+    }
+}
+
+impl Node {
+    fn backward(&self, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let op = &*self.op.inner;
+        super::record::note_gradient_run(&op.name);
+        let Some(gradient) = &op.gradient else {
+            return Err(Error::op_failure(
+                &op.name,
+                ErrorKind::NoGradient,
+                format!(
+                    "backward() reached this {} op, which has no gradient; declare one with \
+                     `grad = \"python_function\"` or `grad = rust_fn` in #[py_op] (or \
+                     OpBuilder::gradient), or detach its inputs",
+                    op.mode
+                ),
+            ));
+        };
+        let grads = self.unpack_output_grads(grad_res)?;
+        let input_grads = match gradient {
+            Gradient::Rust(f) => self.rust_gradient(*f, &grads)?,
+            Gradient::Python(f) => self.python_gradient(f, &grads)?,
+        };
+        self.pack_input_grads(&input_grads, grad_res.device())
+    }
+
+    /// The gradient arriving at each output, in the output's dtype; zeros for integer outputs.
+    fn unpack_output_grads(&self, grad_res: &Tensor) -> Result<Vec<Tensor>> {
+        let mut grads = Vec::with_capacity(self.outputs.len());
+        let mut offset = 0;
+        for (j, y) in self.outputs.iter().enumerate() {
+            if self.float_out.contains(&j) {
+                grads.push(unpack(grad_res, offset, y)?);
+                offset += y.elem_count();
+            } else {
+                grads.push(y.zeros_like()?);
+            }
+        }
+        Ok(grads)
+    }
+
+    /// The tracked inputs' gradients packed like `packed_in` (the one input's shape, or flat and
+    /// concatenated); `None` when the gradient gave none.
+    fn pack_input_grads(
+        &self,
+        input_grads: &[Option<Tensor>],
+        device: &candle_core::Device,
+    ) -> Result<Option<Tensor>> {
+        let mut parts = Vec::with_capacity(self.tracked_in.len());
+        let mut any = false;
+        for &i in &self.tracked_in {
+            let x = &self.prepared[i].tensor;
+            let g = match &input_grads[i] {
+                Some(g) => {
+                    any = true;
+                    let g = g.to_device(device)?;
+                    if g.dtype() == self.dtype {
+                        g
+                    } else {
+                        g.to_dtype(self.dtype)?
+                    }
+                }
+                None => Tensor::zeros(x.shape(), self.dtype, device)?,
+            };
+            parts.push(g);
+        }
+        if !any {
+            return Ok(None);
+        }
+        Ok(Some(match parts.len() {
+            1 => {
+                let g = parts.pop().expect("one");
+                if g.shape() == &self.in_shape {
+                    g
+                } else {
+                    g.reshape(self.in_shape.clone())?
+                }
+            }
+            _ => {
+                let flat: Vec<Tensor> = parts
+                    .iter()
+                    .map(|g| g.flatten_all())
+                    .collect::<candle_core::Result<_>>()?;
+                Tensor::cat(&flat, 0)?
+            }
+        }))
+    }
+}
 
 impl Node {
     pub(super) fn rust_gradient(
@@ -144,7 +277,8 @@ impl Node {
             // The registered Python gradient runs in a worker too, with the same arguments.
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
             let gs: Vec<Arg<'_>> = grads.iter().map(Arg::Tensor).collect();
-            return op.gradient_in_worker(
+            return crate::op::worker_call::gradient_in_worker(
+                op,
                 workers,
                 name,
                 [&self.prepared, &out_prepared, &grad_prepared],

@@ -1,5 +1,5 @@
 //! A numpy-mode op's call in a worker process (`crate::worker`), top to bottom in
-//! [`OpInner::run_in_worker`]: the request (inputs as the storage they view, arguments as the
+//! [`run_in_worker`]: the request (inputs as the storage they view, arguments as the
 //! protocol's types), the exchange without the GIL (a worker leased, the inputs written into its
 //! shared memory, the reply read and checked against the protocol), then, with the GIL, the reply
 //! read back and the one output check on it. Each step's detail has its own file: finding the
@@ -64,321 +64,321 @@ pub(crate) struct Request {
     inputs: WireInputs,
 }
 
-impl OpInner {
-    /// The body's part of a forward call run in a worker process.
-    pub(crate) fn run_in_worker(
-        &self,
-        workers: &Workers,
-        args: &[Arg<'_>],
-        prepared: &[Prepared],
-        device: &Device,
-        timeout: Option<Duration>,
-        span: &tracing::Span,
-    ) -> Result<Outputs> {
-        // 1. The request. Hot reload may have given the body a new source, and an `out`
-        // parameter or taken it away.
-        let request = self.worker_request(args, prepared, self.worker_body_now())?;
-        // 2. The exchange, without the GIL.
-        let groups = [(args, Group::List)];
-        let answer = self.failed_before_python(
-            self.call_in_worker(workers, forward_call(self, &groups, &request, timeout)),
+/// The body's part of a forward call run in a worker process.
+pub(crate) fn run_in_worker(
+    op: &OpInner,
+    workers: &Workers,
+    args: &[Arg<'_>],
+    prepared: &[Prepared],
+    device: &Device,
+    timeout: Option<Duration>,
+    span: &tracing::Span,
+) -> Result<Outputs> {
+    // 1. The request. Hot reload may have given the body a new source, and an `out`
+    // parameter or taken it away.
+    let request = worker_request(op, args, prepared, worker_body_now(op))?;
+    // 2. The exchange, without the GIL.
+    let groups = [(args, Group::List)];
+    let answer = op.failed_before_python(call_in_worker(
+        op,
+        workers,
+        forward_call(op, &groups, &request, timeout),
+    ))?;
+    // 3. The reply read back and checked, with the GIL.
+    worker_outputs(op, args, &request, &answer, device, span)
+}
+
+/// Step 1 of a forward call in a worker: its request, with the body as `body_now` says
+/// (`worker_body_now`).
+pub(crate) fn worker_request(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    prepared: &[Prepared],
+    (reloaded, accepts_out): (Option<Source>, bool),
+) -> Result<Request> {
+    let tout = op.failed_before_python(op.resolved_tout(args))?;
+    let outs = if accepts_out {
+        out_shapes(&tout, args)
+    } else {
+        None
+    };
+    let inputs = op.failed_before_python(WireInputs::new(&op.name, prepared))?;
+    Ok(Request {
+        tout: tout.into_owned(),
+        reloaded,
+        outs,
+        inputs,
+    })
+}
+
+/// Step 3 of a forward call in a worker: the reply read back and checked, with the GIL.
+pub(crate) fn worker_outputs(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    request: &Request,
+    answer: &Answer,
+    device: &Device,
+    span: &tracing::Span,
+) -> Result<Outputs> {
+    span.record("worker", answer.worker);
+    if let Some(node) = &answer.node {
+        span.record("node", node.as_str());
+    }
+    let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
+    op.run_python(device, |py| {
+        crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
+        let check = OutputCheck {
+            op: &op.name,
+            tout: &request.tout,
+            device,
+            role: Role::Output,
+            args,
+        };
+        decode::outputs(
+            py,
+            &answer.answered,
+            answer.worker,
+            &body_named(op),
+            &check,
+            request.outs.as_deref(),
+        )
+    })
+}
+
+/// A registered Python gradient run in a worker, with the same arguments as in the program:
+/// the inputs', outputs' and incoming gradients' tuples. Returns what `check` makes of the
+/// value it returned, with the GIL held.
+pub(crate) fn gradient_in_worker<T>(
+    op: &OpInner,
+    workers: &Workers,
+    function: &str,
+    prepared: [&[Prepared]; 3],
+    groups: [&[Arg<'_>]; 3],
+    device: &Device,
+    check: impl FnOnce(pyo3::Python<'_>, &pyo3::Bound<'_, pyo3::PyAny>) -> Result<T>,
+) -> Result<T> {
+    let inputs =
+        op.failed_before_python(WireInputs::new(&op.name, prepared.into_iter().flatten()))?;
+    let [a, b, c] = groups;
+    let answer = op.failed_before_python(call_in_worker(
+        op,
+        workers,
+        Call {
+            function,
+            inputs: &inputs,
+            groups: &[(a, Group::Tuple), (b, Group::Tuple), (c, Group::Tuple)],
+            outs: None,
+            timeout: op.timeout,
+            reloaded: worker_body_now(op).0,
+        },
+    ))?;
+    let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
+    op.run_python(device, |py| {
+        let returned = decode::value(
+            py,
+            &answer.answered,
+            answer.worker,
+            &op.name,
+            &body_named(op),
         )?;
-        // 3. The reply read back and checked, with the GIL.
-        self.worker_outputs(args, &request, &answer, device, span)
-    }
+        check(py, &returned)
+    })
+}
 
-    /// Step 1 of a forward call in a worker: its request, with the body as `body_now` says
-    /// (`worker_body_now`).
-    pub(crate) fn worker_request(
-        &self,
-        args: &[Arg<'_>],
-        prepared: &[Prepared],
-        (reloaded, accepts_out): (Option<Source>, bool),
-    ) -> Result<Request> {
-        let tout = self.failed_before_python(self.resolved_tout(args))?;
-        let outs = if accepts_out {
-            out_shapes(&tout, args)
-        } else {
-            None
-        };
-        let inputs = self.failed_before_python(WireInputs::new(&self.name, prepared))?;
-        Ok(Request {
-            tout: tout.into_owned(),
-            reloaded,
-            outs,
-            inputs,
-        })
-    }
+/// Runs one call in a worker of the op's pool, without the GIL, and returns its answer; the
+/// time it took (waiting for a worker included) and the bytes it copied are counted.
+fn call_in_worker(op: &OpInner, workers: &Workers, call: Call<'_>) -> Result<Answer> {
+    let name = op.name.as_str();
+    let launch = launch(name)?;
+    let load = workers.load(name, call.reloaded.clone());
+    let started = Instant::now();
+    let answer = crate::python::without_gil(|| {
+        let mut lease = lease(op, workers, launch)?;
+        let (exchange, deadline, span) = exchange(op, &call, &load, &mut lease)?;
+        let result = span.in_scope(|| lease.worker().call(exchange));
+        answered(op, lease, result, deadline, call.timeout)
+    });
+    op.counters.record_worker(started.elapsed());
+    answer
+}
 
-    /// Step 3 of a forward call in a worker: the reply read back and checked, with the GIL.
-    pub(crate) fn worker_outputs(
-        &self,
-        args: &[Arg<'_>],
-        request: &Request,
-        answer: &Answer,
-        device: &Device,
-        span: &tracing::Span,
-    ) -> Result<Outputs> {
-        span.record("worker", answer.worker);
-        if let Some(node) = &answer.node {
-            span.record("node", node.as_str());
-        }
-        let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
-        self.run_python(device, |py| {
-            crate::python::numpy::ensure_numpy(py, Some(&self.name))?;
-            let check = OutputCheck {
-                op: &self.name,
-                tout: &request.tout,
-                device,
-                role: Role::Output,
-                args,
-            };
-            decode::outputs(
-                py,
-                &answer.answered,
-                answer.worker,
-                &self.body_named(),
-                &check,
-                request.outs.as_deref(),
-            )
-        })
-    }
-
-    /// A registered Python gradient run in a worker, with the same arguments as in the program:
-    /// the inputs', outputs' and incoming gradients' tuples. Returns what `check` makes of the
-    /// value it returned, with the GIL held.
-    pub(crate) fn gradient_in_worker<T>(
-        &self,
-        workers: &Workers,
-        function: &str,
-        prepared: [&[Prepared]; 3],
-        groups: [&[Arg<'_>]; 3],
-        device: &Device,
-        check: impl FnOnce(pyo3::Python<'_>, &pyo3::Bound<'_, pyo3::PyAny>) -> Result<T>,
-    ) -> Result<T> {
-        let inputs =
-            self.failed_before_python(WireInputs::new(&self.name, prepared.into_iter().flatten()))?;
-        let [a, b, c] = groups;
-        let answer = self.failed_before_python(self.call_in_worker(
-            workers,
-            Call {
-                function,
-                inputs: &inputs,
-                groups: &[(a, Group::Tuple), (b, Group::Tuple), (c, Group::Tuple)],
-                outs: None,
-                timeout: self.timeout,
-                reloaded: self.worker_body_now().0,
-            },
-        ))?;
-        let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
-        self.run_python(device, |py| {
-            let returned = decode::value(
-                py,
-                &answer.answered,
-                answer.worker,
-                &self.name,
-                &self.body_named(),
-            )?;
-            check(py, &returned)
-        })
-    }
-
-    /// Runs one call in a worker of the op's pool, without the GIL, and returns its answer; the
-    /// time it took (waiting for a worker included) and the bytes it copied are counted.
-    fn call_in_worker(&self, workers: &Workers, call: Call<'_>) -> Result<Answer> {
-        let op = self.name.as_str();
-        let launch = launch(op)?;
-        let load = workers.load(op, call.reloaded.clone());
-        let started = Instant::now();
-        let answer = crate::python::without_gil(|| {
-            let mut lease = self.lease(workers, launch)?;
-            let (exchange, deadline, span) = self.exchange(&call, &load, &mut lease)?;
-            let result = span.in_scope(|| lease.worker().call(exchange));
-            self.answered(lease, result, deadline, call.timeout)
-        });
-        self.counters.record_worker(started.elapsed());
-        answer
-    }
-
-    /// [`call_in_worker`](Self::call_in_worker) for an awaited forward call: the worker waited
-    /// for, and its reply, as a task (`WorkerPool::checkout_async`, `Lease::call_async`).
-    #[cfg(target_os = "linux")]
-    pub(crate) async fn call_in_worker_async(
-        &self,
-        workers: &Workers,
-        args: &[Arg<'_>],
-        request: &Request,
-        timeout: Option<Duration>,
-        launch: &'static crate::worker::exchange::Launch,
-    ) -> Result<Answer> {
-        let groups = [(args, Group::List)];
-        let call = forward_call(self, &groups, request, timeout);
-        let op = self.name.as_str();
-        let load = workers.load(op, call.reloaded.clone());
-        let started = Instant::now();
-        let answer = async {
-            let mut lease = workers
-                .pool
-                .checkout_async(launch)
-                .await
-                .map_err(|e| start_error(&self.name, launch, e))?;
-            lease.count_call();
-            let (exchange, deadline, span) = self.exchange(&call, &load, &mut lease)?;
-            let result = tracing::Instrument::instrument(lease.call_async(exchange), span).await;
-            self.answered(lease, result, deadline, call.timeout)
-        }
-        .await;
-        self.counters.record_worker(started.elapsed());
-        self.failed_before_python(answer)
-    }
-
-    /// The exchange of `call` with the leased worker, the call's deadline (from now), and the
-    /// exchange's trace span.
-    fn exchange<'c>(
-        &self,
-        call: &'c Call<'c>,
-        load: &Load,
-        lease: &mut Lease,
-    ) -> Result<(Exchange<'c>, Option<Instant>, tracing::Span)> {
-        // Encoded once a worker is had: the request says whether the worker may check for its
-        // next one after replying, by the machine's load now, not before a wait.
-        let encoded = encode::call(
-            &self.name,
-            &load.key,
-            call.function,
-            call.inputs,
-            call.groups,
-            call.outs,
-        )?;
-        let worker = lease.worker();
-        let span = tracing::trace_span!(
-            "pyop.worker",
-            op = self.name.as_str(),
-            worker = worker.id,
-            pid = worker.pid,
-            node = worker.actor.as_ref().map(|a| a.ip.as_str())
-        );
-        let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
-        Ok((
-            Exchange {
-                load: load.clone(),
-                function: call.function,
-                call: encoded.call,
-                inputs: encoded.inputs,
-                arena_len: encoded.arena_len,
-                outs: encoded.out_sizes,
-                timeout: call.timeout,
-            },
-            deadline,
-            span,
-        ))
-    }
-
-    /// The answer of an exchange with the leased worker, or its failure as an error (the worker
-    /// given up).
-    fn answered(
-        &self,
-        lease: Lease,
-        result: std::result::Result<Answered, crate::worker::exchange::Failure>,
-        deadline: Option<Instant>,
-        timeout: Option<Duration>,
-    ) -> Result<Answer> {
-        let op = self.name.as_str();
-        let (id, node) = {
-            let w = lease.peek();
-            (w.id, w.actor.as_ref().map(|a| a.ip.clone()))
-        };
-        match result {
-            Ok(answered) => {
-                lease.count_answer(&answered);
-                self.counters
-                    .record_worker_bytes(answered.copied_in, answered.copied_out);
-                // A worker whose own machinery failed has said so and exits: not reused.
-                let lease = match &answered.reply {
-                    Reply::Raised { exc, .. } if exc.phase == Phase::Worker => {
-                        lease.discard(false);
-                        None
-                    }
-                    _ => Some(lease),
-                };
-                Ok(Answer {
-                    answered,
-                    worker: id,
-                    node,
-                    _lease: lease,
-                    deadline,
-                })
-            }
-            Err(f) => Err(lost_call(op, lease, f, timeout)),
-        }
-    }
-
-    /// With hot reload on, the source workers load now (the program's check, which takes the
-    /// GIL, may have found a new one) and whether the body takes `out`; without it, neither
-    /// costs anything.
-    pub(crate) fn worker_body_now(&self) -> (Option<Source>, bool) {
-        let Some(r) = &self.reload else {
-            return (None, self.accepts_out);
-        };
-        let accepts_out =
-            with_gil(&self.name, |py| Ok(self.body_now(py).1)).unwrap_or(self.accepts_out);
-        (Some(r.source()), accepts_out)
-    }
-
-    /// The body's source as errors name it.
-    fn body_named(&self) -> String {
-        self.source
-            .as_ref()
-            .map_or_else(|| "the body".to_owned(), Source::describe)
-    }
-
-    /// A worker of the op's pool for one call, started if none is idle (without the GIL).
-    pub(crate) fn lease(
-        &self,
-        workers: &Workers,
-        launch: &crate::worker::exchange::Launch,
-    ) -> Result<Lease> {
-        let lease = workers
+/// [`call_in_worker`](call_in_worker) for an awaited forward call: the worker waited
+/// for, and its reply, as a task (`WorkerPool::checkout_async`, `Lease::call_async`).
+#[cfg(target_os = "linux")]
+pub(crate) async fn call_in_worker_async(
+    op: &OpInner,
+    workers: &Workers,
+    args: &[Arg<'_>],
+    request: &Request,
+    timeout: Option<Duration>,
+    launch: &'static crate::worker::exchange::Launch,
+) -> Result<Answer> {
+    let groups = [(args, Group::List)];
+    let call = forward_call(op, &groups, request, timeout);
+    let name = op.name.as_str();
+    let load = workers.load(name, call.reloaded.clone());
+    let started = Instant::now();
+    let answer = async {
+        let mut lease = workers
             .pool
-            .checkout(launch)
-            .map_err(|e| start_error(&self.name, launch, e))?;
+            .checkout_async(launch)
+            .await
+            .map_err(|e| start_error(&op.name, launch, e))?;
         lease.count_call();
-        Ok(lease)
+        let (exchange, deadline, span) = exchange(op, &call, &load, &mut lease)?;
+        let result = tracing::Instrument::instrument(lease.call_async(exchange), span).await;
+        answered(op, lease, result, deadline, call.timeout)
     }
+    .await;
+    op.counters.record_worker(started.elapsed());
+    op.failed_before_python(answer)
+}
 
-    /// Checks that a worker starts and loads the body, with its functions (for `validate()`).
-    pub(crate) fn check_worker(&self, workers: &Workers, functions: &[&str]) -> Result<()> {
-        let op = self.name.as_str();
-        let launch = launch(op)?;
-        let load = workers.load(op, None);
-        let (worker, where_, reply) = crate::python::without_gil(|| {
-            let mut lease = self.lease(workers, launch)?;
-            let worker = lease.worker().id;
-            let where_ = if lease.worker().actor.is_some() {
-                "on a Ray actor"
-            } else {
-                "in a worker"
+/// The exchange of `call` with the leased worker, the call's deadline (from now), and the
+/// exchange's trace span.
+fn exchange<'c>(
+    op: &OpInner,
+    call: &'c Call<'c>,
+    load: &Load,
+    lease: &mut Lease,
+) -> Result<(Exchange<'c>, Option<Instant>, tracing::Span)> {
+    // Encoded once a worker is had: the request says whether the worker may check for its
+    // next one after replying, by the machine's load now, not before a wait.
+    let encoded = encode::call(
+        &op.name,
+        &load.key,
+        call.function,
+        call.inputs,
+        call.groups,
+        call.outs,
+    )?;
+    let worker = lease.worker();
+    let span = tracing::trace_span!(
+        "pyop.worker",
+        op = op.name.as_str(),
+        worker = worker.id,
+        pid = worker.pid,
+        node = worker.actor.as_ref().map(|a| a.ip.as_str())
+    );
+    let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
+    Ok((
+        Exchange {
+            load: load.clone(),
+            function: call.function,
+            call: encoded.call,
+            inputs: encoded.inputs,
+            arena_len: encoded.arena_len,
+            outs: encoded.out_sizes,
+            timeout: call.timeout,
+        },
+        deadline,
+        span,
+    ))
+}
+
+/// The answer of an exchange with the leased worker, or its failure as an error (the worker
+/// given up).
+fn answered(
+    op: &OpInner,
+    lease: Lease,
+    result: std::result::Result<Answered, crate::worker::exchange::Failure>,
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+) -> Result<Answer> {
+    let name = op.name.as_str();
+    let (id, node) = {
+        let w = lease.peek();
+        (w.id, w.actor.as_ref().map(|a| a.ip.clone()))
+    };
+    match result {
+        Ok(answered) => {
+            lease.count_answer(&answered);
+            op.counters
+                .record_worker_bytes(answered.copied_in, answered.copied_out);
+            // A worker whose own machinery failed has said so and exits: not reused.
+            let lease = match &answered.reply {
+                Reply::Raised { exc, .. } if exc.phase == Phase::Worker => {
+                    lease.discard(false);
+                    None
+                }
+                _ => Some(lease),
             };
-            match lease.worker().ask(&load, functions, LOAD_TIMEOUT) {
-                Ok(reply) => Ok((worker, where_, reply)),
-                Err(f) => Err(lost_call(op, lease, f, Some(LOAD_TIMEOUT))),
-            }
-        })?;
-        let missing = match reply {
-            Reply::Pong { missing, .. } => missing,
-            Reply::LoadFailed { exc } => {
-                let body = self.body_named();
-                return Err(with_gil(op, |py| {
-                    Ok(worker_error(py, op, &body, worker, &exc))
-                })?);
-            }
-            other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
-        };
-        if !missing.is_empty() {
-            return Err(missing_functions(op, &self.body_named(), where_, &missing));
+            Ok(Answer {
+                answered,
+                worker: id,
+                node,
+                _lease: lease,
+                deadline,
+            })
         }
-        Ok(())
+        Err(f) => Err(lost_call(name, lease, f, timeout)),
     }
+}
+
+/// With hot reload on, the source workers load now (the program's check, which takes the
+/// GIL, may have found a new one) and whether the body takes `out`; without it, neither
+/// costs anything.
+pub(crate) fn worker_body_now(op: &OpInner) -> (Option<Source>, bool) {
+    let Some(r) = &op.reload else {
+        return (None, op.accepts_out);
+    };
+    let accepts_out = with_gil(&op.name, |py| Ok(op.body_now(py).1)).unwrap_or(op.accepts_out);
+    (Some(r.source()), accepts_out)
+}
+
+/// The body's source as errors name it.
+fn body_named(op: &OpInner) -> String {
+    op.source
+        .as_ref()
+        .map_or_else(|| "the body".to_owned(), Source::describe)
+}
+
+/// A worker of the op's pool for one call, started if none is idle (without the GIL).
+pub(crate) fn lease(
+    op: &OpInner,
+    workers: &Workers,
+    launch: &crate::worker::exchange::Launch,
+) -> Result<Lease> {
+    let lease = workers
+        .pool
+        .checkout(launch)
+        .map_err(|e| start_error(&op.name, launch, e))?;
+    lease.count_call();
+    Ok(lease)
+}
+
+/// Checks that a worker starts and loads the body, with its functions (for `validate()`).
+pub(crate) fn check_worker(op: &OpInner, workers: &Workers, functions: &[&str]) -> Result<()> {
+    let name = op.name.as_str();
+    let launch = launch(name)?;
+    let load = workers.load(name, None);
+    let (worker, where_, reply) = crate::python::without_gil(|| {
+        let mut lease = lease(op, workers, launch)?;
+        let worker = lease.worker().id;
+        let where_ = if lease.worker().actor.is_some() {
+            "on a Ray actor"
+        } else {
+            "in a worker"
+        };
+        match lease.worker().ask(&load, functions, LOAD_TIMEOUT) {
+            Ok(reply) => Ok((worker, where_, reply)),
+            Err(f) => Err(lost_call(name, lease, f, Some(LOAD_TIMEOUT))),
+        }
+    })?;
+    let missing = match reply {
+        Reply::Pong { missing, .. } => missing,
+        Reply::LoadFailed { exc } => {
+            let body = body_named(op);
+            return Err(with_gil(name, |py| {
+                Ok(worker_error(py, name, &body, worker, &exc))
+            })?);
+        }
+        other => unreachable!("`ask` answers pong or load_failed, not {}", other.kind()),
+    };
+    if !missing.is_empty() {
+        return Err(missing_functions(name, &body_named(op), where_, &missing));
+    }
+    Ok(())
 }
 
 impl PyOp {
