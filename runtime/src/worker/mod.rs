@@ -16,6 +16,8 @@ pub(crate) mod exchange;
 #[cfg(target_os = "linux")]
 pub(crate) mod pace;
 #[cfg(target_os = "linux")]
+pub(crate) mod proc;
+#[cfg(target_os = "linux")]
 pub(crate) mod process;
 #[cfg(not(target_os = "linux"))]
 #[path = "unsupported.rs"]

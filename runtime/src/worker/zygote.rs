@@ -24,7 +24,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::exchange::{Launch, StartError, THREAD_VARS};
-use super::process::{self, Reaper, Worker};
+use super::proc::{self, Reaper};
+use super::process::Worker;
 use super::protocol::{Reply, Request};
 
 impl Worker {
@@ -33,7 +34,7 @@ impl Worker {
     /// its BLAS and OpenMP thread pools where the program's environment does not
     /// ([`THREAD_VARS`]).
     pub(crate) fn start(id: u64, launch: &Launch, threads: usize) -> Result<Worker, StartError> {
-        let env = process::thread_env(threads);
+        let env = proc::thread_env(threads);
         let pair = || {
             UnixStream::pair().map_err(|e| {
                 StartError::Failed(format!(
@@ -167,7 +168,7 @@ pub(crate) fn pool_dropped() {
         if !matches!(*state, State::Running { .. }) {
             // None started, or it broke: a broken one stays so (workers start directly).
             drop(state);
-            process::close_guardian_pipe();
+            proc::close_guardian_pipe();
             return;
         }
         std::mem::replace(&mut *state, State::None)
@@ -181,7 +182,7 @@ pub(crate) fn pool_dropped() {
     // `POOLS`, so no pool made meanwhile starts a worker whose guardian waits on the pipe that
     // is closing.
     drop(ended);
-    process::close_guardian_pipe();
+    proc::close_guardian_pipe();
     drop(pools);
 }
 
@@ -215,7 +216,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
             Ok(zygote) => {
                 let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 *ZYGOTE_PIDFD.lock().unwrap_or_else(|p| p.into_inner()) =
-                    process::pidfd_of(zygote.pid).map(|fd| (generation, std::sync::Arc::new(fd)));
+                    proc::pidfd_of(zygote.pid).map(|fd| (generation, std::sync::Arc::new(fd)));
                 *state = State::Running {
                     zygote: Box::new(zygote),
                     launch: Key::of(launch),
@@ -266,7 +267,7 @@ fn spawn(launch: &Launch, theirs: &UnixStream, env: &[(&str, String)]) -> Spawn 
         cwd: &cwd,
     };
     let broken = match zygote.ask_once(&request, &[theirs.as_fd()], ZYGOTE_LIMIT) {
-        Ok(Reply::Spawned { pid }) => match process::pidfd_of(pid) {
+        Ok(Reply::Spawned { pid }) => match proc::pidfd_of(pid) {
             Some(pidfd) => {
                 return Spawn::Forked {
                     pid,
@@ -309,7 +310,7 @@ fn stop_spawning() {
 /// where pidfds work (Linux 5.3 and later, not blocked by a seccomp profile): a forked worker's
 /// end is seen, and it is signalled, through one.
 fn start(launch: &Launch) -> Result<Worker, StartError> {
-    if process::pidfd_of(std::process::id()).is_none() {
+    if proc::pidfd_of(std::process::id()).is_none() {
         return Err(StartError::Failed("no pidfds here".to_owned()));
     }
     let (sock, theirs) = UnixStream::pair()
@@ -352,5 +353,5 @@ fn alive(generation: u64) -> bool {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    fd.is_some_and(|(g, fd)| g == generation && !process::readable_now(fd.as_fd()))
+    fd.is_some_and(|(g, fd)| g == generation && !proc::readable_now(fd.as_fd()))
 }
