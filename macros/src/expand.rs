@@ -392,7 +392,7 @@ fn package_source(
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     let root = std::path::Path::new(&manifest).join(&rel);
     let mut files = Vec::new();
-    crate::attr::collect_py(&root, "", &mut files).map_err(|e| {
+    crate::package::collect_py(&root, "", &mut files).map_err(|e| {
         syn::Error::new(
             lit.span(),
             match e.kind() {
@@ -411,7 +411,7 @@ fn package_source(
         ));
     }
     files.sort();
-    let name = crate::attr::package_name(&rel);
+    let name = crate::package::package_name(&rel);
     let module = module.unwrap_or_else(|| name.clone());
     let entries = files.iter().map(|f| {
         let include = quote_spanned!(lit.span()=> ::core::include_str!(::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #rel, "/", #f)));

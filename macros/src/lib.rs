@@ -10,6 +10,7 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod package;
 mod pycheck;
 mod valid;
 

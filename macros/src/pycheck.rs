@@ -209,7 +209,7 @@ fn body_text(opts: &Options) -> Option<Text> {
     if let Some(package) = &opts.package {
         let rel = package.value.value();
         let root = manifest.join(&rel);
-        let name = crate::attr::package_name(&rel);
+        let name = crate::package::package_name(&rel);
         let module = opts
             .module
             .as_ref()

@@ -97,7 +97,7 @@ fn check_file_exists(cx: &Ctxt, opts: &Options) {
 /// With `package`, `module` names the package or a module inside it.
 fn check_package_module(cx: &Ctxt, opts: &Options) {
     if let (Some(package), Some(module)) = (&opts.package, &opts.module) {
-        let name = crate::attr::package_name(&package.value.value());
+        let name = crate::package::package_name(&package.value.value());
         let m = module.value.value();
         if m != name && !m.starts_with(&format!("{name}.")) {
             cx.error_spanned_by(
