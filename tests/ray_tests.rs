@@ -288,12 +288,23 @@ fn ray_programs_end_cleanly(runs: u64) {
         for run in 0..runs {
             // While the fifth thread's relay imports Ray, joins, and places its actor.
             let delay = [50, 2500, 1200, 600, 1800][run as usize % 5] + run / 5 * 97;
-            let out = Command::new(std::env::current_exe().unwrap())
-                .args(["--ignored", "--exact", "ray_ending_child", "--nocapture"])
+            let mut cmd = Command::new(std::env::current_exe().unwrap());
+            cmd.args(["--ignored", "--exact", "ray_ending_child", "--nocapture"])
                 .env("RAY_ENDING", ending)
-                .env("RAY_ENDING_DELAY_MS", delay.to_string())
-                .output()
-                .unwrap();
+                .env("RAY_ENDING_DELAY_MS", delay.to_string());
+            // The program starts with SIGINT and SIGTERM as a program does, whatever this test
+            // inherited (a shell's background job starts with SIGINT ignored, and an ignored
+            // signal stays ignored across exec: `sigint` would not end it).
+            // SAFETY: signal() is async-signal-safe; the closure allocates nothing.
+            unsafe {
+                use std::os::unix::process::CommandExt;
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                    libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let out = cmd.output().unwrap();
             let text = String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr);
             let what = format!(
