@@ -135,7 +135,8 @@ case "${1:-}" in
     step "cargo test (every test, example and bench)" \
       cargo test --workspace --lib --bins --tests --benches -- --skip "$ray_test"
     # The test binary itself (a second cargo would wait for the build lock the steps below take).
-    ray_bin=$(cargo test --test ray_tests --no-run --message-format=json 2>/dev/null \
+    # (`--workspace` as above: the same features, so the same build, not a second one.)
+    ray_bin=$(cargo test --workspace --test ray_tests --no-run --message-format=json 2>/dev/null \
       | .venv/bin/python -c 'import json, sys
 for m in map(json.loads, sys.stdin):
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ray_tests" and m.get("executable"):
