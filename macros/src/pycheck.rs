@@ -20,7 +20,7 @@ use crate::ast::{Function, ParamKind};
 use crate::attr::{Code, Grad, Options};
 use crate::ctxt::Ctxt;
 
-const SCRIPT: &str = include_str!("check.py");
+const SCRIPT: &str = include_str!("python/check.py");
 
 struct Checker {
     _child: Child,

@@ -60,7 +60,7 @@ pub(crate) fn read(root: &Path) -> std::io::Result<PackageFiles> {
 }
 
 /// The importer's Python, run once in a namespace of its own under pyop's frame name.
-pub(crate) const IMPORTER: &str = include_str!("importer.py");
+pub(crate) const IMPORTER: &str = include_str!("python/importer.py");
 
 static INSTALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 

@@ -5,8 +5,9 @@
 //!
 //! Plain Rust: the pool (here), the processes (`process`), the one protocol (`protocol`), what a
 //! call and a start say in Rust (`exchange`), shared memory (`arena`) and the frames on the socket
-//! (`wire`). Turning replies into tensors and errors is the bridge's (`bridge::shared`), and the
-//! call itself the op's (`op::worker`). How a caller waits for a reply is `pace`'s.
+//! (`wire`); the Python a worker runs is in `python/` (its text exported by `python`). Turning
+//! replies into tensors and errors is the bridge's (`bridge::shared`), and the call itself the
+//! op's (`op::worker`). How a caller waits for a reply is `pace`'s.
 
 #[cfg(target_os = "linux")]
 pub(crate) mod arena;
@@ -23,6 +24,7 @@ pub(crate) mod process;
 #[path = "unsupported.rs"]
 pub(crate) mod process;
 pub(crate) mod protocol;
+pub(crate) mod python;
 pub(crate) mod ray;
 #[cfg(target_os = "linux")]
 pub(crate) mod wire;

@@ -21,9 +21,9 @@ use super::wire::{self, RecvError, Wait};
 /// (`host.py`, which a Ray actor runs too), what a Ray pool's relay does (`ray/relay.py`), then
 /// the worker's own (`worker.py`).
 const WORKER_PY: &str = concat!(
-    include_str!("host.py"),
-    include_str!("ray/relay.py"),
-    include_str!("worker.py")
+    super::python::host_py!(),
+    include_str!("ray/python/relay.py"),
+    include_str!("python/worker.py")
 );
 
 /// How long a worker may take to start (the interpreter and NumPy).

@@ -66,7 +66,8 @@ static GLUE: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
 fn glue(py: Python<'_>) -> PyResult<&Bound<'_, PyDict>> {
     GLUE.get_or_try_init(py, || {
         let namespace = PyDict::new(py);
-        run_pyop_code(py, include_str!("glue.py"), &namespace)?;
+        run_pyop_code(py, crate::worker::python::PICKLE_NAMES_PY, &namespace)?;
+        run_pyop_code(py, include_str!("python/reply.py"), &namespace)?;
         Ok(namespace.unbind())
     })
     .map(|g| g.bind(py))
@@ -75,7 +76,7 @@ fn glue(py: Python<'_>) -> PyResult<&Bound<'_, PyDict>> {
 fn glue_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     Ok(glue(py)?
         .get_item(name)?
-        .expect("glue.py defines its functions"))
+        .expect("reply.py defines its functions"))
 }
 
 /// The value a worker returned: a plain array it sent as dtype, shape and bytes, or its pickle,

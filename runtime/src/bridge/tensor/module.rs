@@ -9,7 +9,7 @@ use super::PyTensor;
 use crate::python::exceptions::{OpTimeout, RustError, RustPanic};
 
 /// Module-level forms of the methods (`pyop.log(x)` as well as `x.log()`); numbers become tensors.
-const MODULE_GLUE: &str = include_str!("glue.py");
+const MODULE_GLUE: &str = include_str!("python/tensor_helpers.py");
 
 /// Creates the `pyop` module and puts it in `sys.modules`.
 pub(crate) fn install(py: Python<'_>) -> PyResult<()> {

@@ -110,7 +110,7 @@ fn listed(pools: &str, name: &str) -> bool {
 
 /// The actor's code: what any process running bodies needs, then the actor class. The relay
 /// sends it to Ray by value, so no node needs a file of pyop's.
-const ACTOR_PY: &str = concat!(include_str!("../host.py"), include_str!("actor.py"));
+const ACTOR_PY: &str = concat!(super::python::host_py!(), include_str!("python/actor.py"));
 /// How long an actor may take to be placed, start and say where it runs.
 const PLACE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a relay may take to import Ray and join the cluster, on top of placing its actor.

@@ -1,8 +1,12 @@
 # The main loop of a pyop worker process (`runtime/src/worker/`). The parent starts
-# `python -c <bootstrap>`, which reads `host.py`'s text, `ray/relay.py`'s (what a Ray pool's
-# relay does) and then this file's from fd 3 and runs them under the file name `<pyop>` (its frames are left out of tracebacks, as in the program
-# itself). `host.py` has what any process running bodies needs (loading them, their exceptions,
-# their results pickled); this file, the socket, the shared memory and the main loop.
+# `python -c <bootstrap>` (`proc.rs`), which reads `pickle_names.py`'s text, `host.py`'s,
+# `ray/python/relay.py`'s (what a Ray pool's relay does) and then this file's from fd 3 and runs
+# them, as one module named `__pyop_worker__`, under the file name `<pyop>` (its frames are left
+# out of tracebacks, as in the program itself). `host.py` has what any process running bodies
+# needs (loading them, their exceptions, their results pickled); this file, the socket, the
+# shared memory and the main loop. Run under another module name (the tests in
+# `runtime/python-tests/`), it defines its functions and starts nothing: no guardian, no socket,
+# no main loop.
 #
 # The protocol is `runtime/src/worker/protocol.rs`: every message either way is a type there, and
 # this file builds and reads exactly those fields (`_REQUESTS` lists what each request has; a
@@ -24,6 +28,10 @@
 
 import os
 
+# Whether this text runs as a worker (`proc.rs`'s bootstrap runs it as `__pyop_worker__`), not
+# read by a test.
+_IS_WORKER = __name__ == "__pyop_worker__"
+
 
 # The guardian: a child that waits for the program's end (fd 4 is the read end of a pipe whose
 # only write end the program holds) or its worker's (a pidfd of it), and then kills the worker's
@@ -33,7 +41,7 @@ import os
 # for the worker itself, and a worker's end that the program cannot follow up (a forked worker
 # whose zygote is gone). Being in the group, it keeps the group's id from being reused while it
 # lives. A worker forked from the zygote starts its own (the zygote keeps fd 4 open for them).
-def _start_guardian(sock_fd):
+def _start_guardian(sock_fd: int) -> None:
     worker = os.getpid()
     if os.fork() == 0:
         try:
@@ -57,7 +65,8 @@ def _start_guardian(sock_fd):
         os._exit(0)
 
 
-_start_guardian(3)
+if _IS_WORKER:
+    _start_guardian(3)
 
 import json
 import json.encoder
@@ -67,25 +76,42 @@ import signal
 import socket
 import sys
 import traceback
+import types
 import weakref
 from array import array as _array_of
 from os import sched_yield as _sched_yield
 from select import select as _select
 from time import perf_counter as _perf_counter
 from time import thread_time as _thread_time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional, Union, cast
 
 if TYPE_CHECKING:  # defined by host.py and relay.py, whose text runs before this file's
-    from host import _PYOP, _clean, _exception_info, _load_module, _Pickler, _PyopStub
+    import pickle
+
+    import numpy
+    import numpy as _np
+    from host import (
+        _PYOP,
+        _clean,
+        _exception_info,
+        _ExcInfo,
+        _Installer,
+        _load_module,
+        _Pickler,
+        _PyopStub,
+    )
+    from numpy.typing import NDArray
     from relay import (
         _importer_text,  # noqa: F401 - set here (`init`)
         _join,
     )
+    from typing_extensions import Buffer
 
 # The socket, moved off fd 3 to a close-on-exec descriptor: a body that writes to fd 3, or a
 # program it execs, cannot speak for the worker.
-_SOCK = socket.socket(fileno=os.dup(3))
-os.close(3)
+if _IS_WORKER:
+    _SOCK = socket.socket(fileno=os.dup(3))
+    os.close(3)
 _ALIGN = 64
 _MAX_PICKLE = (1 << 32) - (1 << 20)  # a frame's length is 4 bytes; room for the header
 _seq = 0  # the sequence number of the request being served
@@ -94,7 +120,7 @@ _zygote_forking = False
 _is_zygote = False
 
 
-def _in_forked_child():
+def _in_forked_child() -> None:
     # A body that forks (os.fork, multiprocessing): the child must not hold the parent's socket
     # open (the program would not see the worker die) nor answer for it. (Not the zygote's own
     # forks of workers, which set up their child themselves.)
@@ -114,11 +140,13 @@ def _in_forked_child():
         arena.privatize()
 
 
-os.register_at_fork(after_in_child=_in_forked_child)
-_all_arenas = weakref.WeakSet()  # every arena still mapped here (a kept view may hold an old one)
+if _IS_WORKER:
+    os.register_at_fork(after_in_child=_in_forked_child)
+# Every arena still mapped here (a kept view may hold an old one).
+_all_arenas: "weakref.WeakSet[_Arena]" = weakref.WeakSet()
 
 
-def _private_copy(m, size, readonly):
+def _private_copy(m: mmap.mmap, size: int, readonly: bool) -> None:
     """Replaces the shared mapping `m` by a private anonymous one with the same bytes, at the same
     address (`MAP_FIXED`), so the Python objects viewing it stay valid."""
     import ctypes
@@ -145,12 +173,12 @@ def _private_copy(m, size, readonly):
         libc.mprotect(addr, size, mmap.PROT_READ)
 
 
-def _exit_quietly():
+def _exit_quietly() -> NoReturn:
     # The parent went away or closed the pool: nothing is left to serve.
     os._exit(0)
 
 
-def _recv_exact(n):
+def _recv_exact(n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -179,7 +207,7 @@ _spin = False  # whether the last call's request allowed checking (`PYOP_WORKER_
 _waited = [2, 0]
 
 
-def _wait_awake():
+def _wait_awake() -> float:
     """Checks for the next request until it comes or the spin's time is up; returns when it
     began (to time the gap)."""
     global _spin_off_until, _waited
@@ -213,7 +241,7 @@ _FDS_ROOM = socket.CMSG_SPACE(4 * _array_of("i").itemsize)
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def _no_default(o):
+def _no_default(o: object) -> NoReturn:
     raise TypeError("a reply holds a %s" % type(o).__name__)
 
 
@@ -226,7 +254,7 @@ else:  # an interpreter without the _json accelerator
     _encode_json = json.JSONEncoder(separators=(",", ":"), default=_no_default).iterencode
 
 
-def _recv_frame():
+def _recv_frame() -> tuple[int, dict[str, Any], list[int]]:
     if _forked:
         os._exit(0)
     global _gap
@@ -239,7 +267,7 @@ def _recv_frame():
     if not head:
         _exit_quietly()
     _gap += (min(_perf_counter() - waited, 4e-3) - _gap) / 4
-    fds = []
+    fds: list[int] = []
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             got = _array_of("i")
@@ -284,11 +312,14 @@ _LOADS = {
 
 
 # The same with "op" (and a load's "key" and "kind"), as compared.
-_FIELDS = {op: fields | {"op"} for op, fields in _REQUESTS.items()}
-_LOAD_FIELDS = {kind: fields | {"op", "key", "kind"} for kind, fields in _LOADS.items()}
+# (Keyed by what a request says its op and kind are: anything JSON holds.)
+_FIELDS: "dict[object, set[str]]" = {op: fields | {"op"} for op, fields in _REQUESTS.items()}
+_LOAD_FIELDS: "dict[object, set[str]]" = {
+    kind: fields | {"op", "key", "kind"} for kind, fields in _LOADS.items()
+}
 
 
-def _checked(msg):
+def _checked(msg: dict[str, Any]) -> dict[str, Any]:
     op = msg.get("op")
     if op == "load":
         fields = _LOAD_FIELDS.get(msg.get("kind"))
@@ -304,7 +335,7 @@ def _checked(msg):
     return msg
 
 
-def _send(header, payload=b""):
+def _send(header: dict[str, Any], payload: bytes = b"") -> None:
     if _forked:
         os._exit(0)
     h = "".join(_encode_json({"q": _seq, "m": header, "w": _waited}, 0)).encode()
@@ -316,39 +347,42 @@ class _Arena:
     """A memfd mapped shared: read-write (`map`), and for the input arena read-only too (`ro`),
     the mapping every input view is made of, so no body can write its inputs."""
 
-    def __init__(self, fd, size, readonly_too):
+    def __init__(self, fd: int, size: int, readonly_too: bool) -> None:
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.ro = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if readonly_too else None
         os.close(fd)
         self.size = size
         self.view = memoryview(self.map)
-        self.ro_array = None  # the read-only mapping as uint8, made by the first call's `_Views`
+        # The read-only mapping as uint8, made by the first call's `_Views`.
+        self.ro_array: Optional[NDArray[numpy.uint8]] = None
         # The mappings' addresses, to tell whether a result's buffer lies inside one.
         self.addrs = [_address(m) for m in (self.map, self.ro) if m is not None]
         _all_arenas.add(self)
 
-    def privatize(self):
+    def privatize(self) -> None:
         for m, readonly in ((self.map, False), (self.ro, True)):
             if m is not None and not m.closed:
                 _private_copy(m, self.size, readonly)
 
-    def offset_of(self, addr, n):
+    def offset_of(self, addr: int, n: int) -> Optional[int]:
         for a in self.addrs:
             if a <= addr and addr + n <= a + self.size:
                 return addr - a
         return None
 
 
-def _address(m):
-    return _np.frombuffer(m, dtype=_np.uint8, count=1).__array_interface__["data"][0]
+def _address(m: mmap.mmap) -> int:
+    addr: int = _np.frombuffer(m, dtype=_np.uint8, count=1).__array_interface__["data"][0]
+    return addr
 
 
-_arenas: list[Any] = [None, None]
-_modules = {}  # key -> module
-_np: Any = None  # NumPy, once imported (the same global as host.py's: one namespace)
+# The input arena (0) and the result arena (1), once the parent has sent them.
+_arenas: "list[Optional[_Arena]]" = [None, None]
+_modules: "dict[tuple[str, int], types.ModuleType]" = {}  # key -> module
+# (`_np`, NumPy once imported, is host.py's global: one namespace.)
 
 
-def _map_or_exit(which, fds, size):
+def _map_or_exit(which: int, fds: list[int], size: int) -> None:
     # Never answered (the parent sends it between calls, or after a "need"); a worker that cannot
     # map its memory cannot serve: it exits (status 71), and the parent replaces it.
     if which not in (0, 1) or type(size) is not int:
@@ -359,7 +393,7 @@ def _map_or_exit(which, fds, size):
         os._exit(71)
 
 
-def _install_arena(which, fds, size):
+def _install_arena(which: int, fds: list[int], size: int) -> None:
     # The old mapping is not closed: an array a body kept may still view it; it goes when the
     # last such array does.
     if len(fds) != 1:
@@ -370,7 +404,7 @@ def _install_arena(which, fds, size):
 # --- loading bodies (host.py has the loading itself) -----------------------------------------
 
 
-def _load(msg):
+def _load(msg: dict[str, Any]) -> None:
     """Loads a body's module and says whether it loaded (before any call's time limit runs)."""
     key = msg["key"]
     # An earlier generation of the same op's module (hot reload) is not needed again; another
@@ -392,7 +426,7 @@ def _load(msg):
 _TENSOR = {"at", "dtype", "shape", "strides"}
 
 
-def _decode(v, views):
+def _decode(v: Any, views: "_Views") -> Any:
     if type(v) is dict:
         if len(v) == 1:
             t = v.get("t")
@@ -415,44 +449,48 @@ class _Views:
     them) holds one of these arrays. What lies under them (the memoryview each array is made of,
     and the mapping) is watched too, so a body that keeps `x.base.base` is seen as well."""
 
-    def __init__(self):
-        self.arena = _arenas[0]
+    def __init__(self) -> None:
+        # (Sent by the parent before the first call.)
+        self.arena = cast("_Arena", _arenas[0])
         # Made once per arena: a kept view makes the program send a fresh arena for the next
         # call, so what is counted at the start of a call is this arena's references of its own.
         # (No local name holds what is counted.)
         if self.arena.ro_array is None:
-            self.arena.ro_array = _np.frombuffer(self.arena.ro, dtype=_np.uint8)
+            # (The input arena is mapped read-only too.)
+            self.arena.ro_array = _np.frombuffer(cast(mmap.mmap, self.arena.ro), dtype=_np.uint8)
         self.ro = self.arena.ro_array
-        self.watched = [[self.ro, 0], [self.ro.base, 0], [self.arena.ro, 0]]
+        self.watched: list[list[Any]] = [[self.ro, 0], [self.ro.base, 0], [self.arena.ro, 0]]
         self._count(self.watched)
-        self.rw = None
-        self.inputs = []  # (view, offset) of each input handed to the body
+        self.rw: Optional[NDArray[numpy.uint8]] = None
+        self.inputs: list[tuple[NDArray[Any], int]] = []  # (view, offset) of each input
 
     @staticmethod
-    def _count(watched):
+    def _count(watched: list[list[Any]]) -> None:
         # Counted with the same references as `retained` counts them (the list's, getrefcount's
         # argument), once no local name or temporary holds one.
         for w in watched:
             w[1] = sys.getrefcount(w[0])
 
-    def input(self, off, dtype, shape, strides):
+    def input(self, off: int, dtype: str, shape: list[int], strides: list[int]) -> "NDArray[Any]":
         dt = _DTYPES.get(dtype)
         if dt is None:
             dt = _DTYPES[dtype] = _np.dtype(dtype)
-        view = _np.ndarray(shape, dt, buffer=self.ro, offset=off, strides=strides)
+        view: NDArray[Any] = _np.ndarray(shape, dt, buffer=self.ro, offset=off, strides=strides)
         self.inputs.append((view, off))
         return view
 
-    def out(self, off, dtype, shape):
+    def out(self, off: int, dtype: str, shape: list[int]) -> "NDArray[Any]":
         if self.rw is None:
             self.rw = _np.frombuffer(self.arena.map, dtype=_np.uint8)
-            more = [[self.rw, 0], [self.rw.base, 0], [self.arena.map, 0]]
+            more: list[list[Any]] = [[self.rw, 0], [self.rw.base, 0], [self.arena.map, 0]]
             self._count(more)
             self.watched += more
         dt = _np.dtype(dtype)
-        return self.rw[off : off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
+        return cast(
+            "NDArray[Any]", self.rw[off : off + _count(shape) * dt.itemsize].view(dt).reshape(shape)
+        )
 
-    def retained(self):
+    def retained(self) -> bool:
         # This object's own references to the inputs go first (the result is encoded by now).
         self.inputs.clear()
         # A weak reference to an array or a mapping is a way back to it too.
@@ -462,13 +500,20 @@ class _Views:
         return False
 
 
-_DTYPES = {}  # NumPy dtypes by the names the program sends
+_DTYPES: "dict[str, numpy.dtype[Any]]" = {}  # NumPy dtypes by the names the program sends
 
 
 # --- results (host.py pickles them) -----------------------------------------------------------
 
+# A buffer of a result: a view of its bytes.
+_Bytes = Union[memoryview, "NDArray[numpy.uint8]"]
+# Where each buffer of a reply lies, [arena, offset, length] (protocol.rs, `Place`).
+_Places = list[list[int]]
+# What is copied into the result arena: (offset, bytes).
+_Copies = list[tuple[int, _Bytes]]
 
-def _place(n, addr, placed, to_copy, raw, need):
+
+def _place(n: int, addr: int, placed: _Places, to_copy: _Copies, raw: _Bytes, need: int) -> int:
     """Names a buffer where it lies in the input arena, or makes room for it in the result
     arena; returns the result arena's bytes needed so far."""
     if n == 0:
@@ -483,21 +528,24 @@ def _place(n, addr, placed, to_copy, raw, need):
     return _room(n, placed, to_copy, raw, need)
 
 
-def _room(n, placed, to_copy, raw, need):
+def _room(n: int, placed: _Places, to_copy: _Copies, raw: _Bytes, need: int) -> int:
     off = (need + _ALIGN - 1) // _ALIGN * _ALIGN
     placed.append([1, off, n])
     to_copy.append((off, raw))
     return off + n
 
 
-def _encode(value, views):
+def _encode(
+    value: object, views: "_Views"
+) -> tuple[Optional[bytes], _Places, _Copies, int, Optional[tuple[str, list[int]]]]:
     """Pickles `value` with its large buffers out of band: each is named where it lies in the
     input arena, or copied into the result arena. A plain C-contiguous array of numbers, the
     common result, is sent without a pickle: its dtype, shape and buffer."""
     if type(value) is _np.ndarray and value.dtype.kind in "biufc" and value.flags.c_contiguous:
-        placed, to_copy = [], []
+        placed: _Places = []
+        to_copy: _Copies = []
         n = value.nbytes
-        raw = value.reshape(-1).view(_np.uint8)
+        raw: _Bytes = value.reshape(-1).view(_np.uint8)
         for view, off in views.inputs:
             # An input returned as it came: where it lies (its base checked too: `__setstate__`
             # gives the same object other memory).
@@ -514,7 +562,7 @@ def _encode(value, views):
         return None, placed, to_copy, need, (value.dtype.str, list(value.shape))
     import io
 
-    buffers = []
+    buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(value)
     payload = f.getvalue()
@@ -529,7 +577,7 @@ def _encode(value, views):
     return payload, placed, to_copy, need, None
 
 
-def _call(msg):
+def _call(msg: dict[str, Any]) -> None:
     global _spin
     _spin = msg["spin"] is True
     module = _modules[msg["key"]]
@@ -552,7 +600,7 @@ def _call(msg):
     if err is not None:
         _send({"s": "raised", "exc": err, "retained": retained})
         return
-    inp = _arenas[0]
+    inp = cast("_Arena", _arenas[0])  # (sent before the first call)
     if retained:
         for p in placed:
             if p[0] == 0 and p[2] > 0:
@@ -561,7 +609,7 @@ def _call(msg):
                 need = _room(n, [], to_copy, inp.view[off : off + n], need)
                 p.extend([1, to_copy[-1][0], n])
     # Where the parent reads each `out` buffer: in place, or its copy in the result arena.
-    outs = None
+    outs: Optional[_Places] = None
     if returned_out:
         outs = []
         for o in msg["out"]:
@@ -572,9 +620,10 @@ def _call(msg):
                 need = _room(n, outs, to_copy, inp.view[o["at"] : o["at"] + n], need)
             else:
                 outs.append([0, o["at"], n])
-    res = _result_arena(need)
+    res = cast("_Arena", _result_arena(need))  # (None only when nothing is copied)
     for off, raw in to_copy:
-        res.view[off : off + raw.nbytes] = raw
+        # (An array is a buffer; NumPy's stubs say so for Python 3.12 and later only.)
+        res.view[off : off + raw.nbytes] = cast("Buffer", raw)
     del to_copy
     if returned_out:
         _send({"s": "wrote", "outs": outs, "retained": retained})
@@ -588,13 +637,15 @@ def _call(msg):
                 "retained": retained,
             }
         )
-    elif len(payload) > _MAX_PICKLE:
-        _send(_too_large(len(payload), retained))
     else:
-        _send({"s": "pickled", "bufs": placed, "retained": retained}, payload)
+        pickled = cast(bytes, payload)  # (None only for an array, sent above)
+        if len(pickled) > _MAX_PICKLE:
+            _send(_too_large(len(pickled), retained))
+        else:
+            _send({"s": "pickled", "bufs": placed, "retained": retained}, pickled)
 
 
-def _too_large(n, retained):
+def _too_large(n: int, retained: bool) -> dict[str, Any]:
     """The reply for a result that pickles to `n` bytes, more than a frame carries."""
     return {
         "s": "raised",
@@ -613,7 +664,7 @@ def _too_large(n, retained):
     }
 
 
-def _result_arena(need):
+def _result_arena(need: int) -> "Optional[_Arena]":
     """The result arena, with room for `need` bytes: a larger one asked for (`need`) when it
     has not."""
     res = _arenas[1]
@@ -628,7 +679,9 @@ def _result_arena(need):
     return res
 
 
-def _run(module, msg, views):
+def _run(
+    module: types.ModuleType, msg: dict[str, Any], views: "_Views"
+) -> "tuple[object, Optional[_ExcInfo], bool]":
     """Calls the body; returns (result, exception info or None, whether it returned `out`)."""
     args = _decode(msg["args"], views)  # a protocol error is the worker's, not the body's
     try:
@@ -646,20 +699,20 @@ def _run(module, msg, views):
     return result, None, False
 
 
-def _count(shape):
+def _count(shape: Iterable[int]) -> int:
     count = 1
     for d in shape:
         count *= d
     return count
 
 
-def _ping(msg):
+def _ping(msg: dict[str, Any]) -> None:
     module = _modules.get(msg["key"])
     missing = [name for name in msg["fns"] if not callable(getattr(module, name, None))]
     _send({"s": "pong", "missing": missing})
 
 
-def _unload(msg):
+def _unload(msg: dict[str, Any]) -> None:
     # Never answered: the op is gone in the program, its modules go here.
     for old in [k for k in _modules if k[0] == msg["base"]]:
         del _modules[old]
@@ -671,10 +724,16 @@ def _unload(msg):
 # What serves each request after `init` (an arena is mapped by the loop itself). A relay's join
 # (relay.py) puts its own in place: from then on the actor serves them, and a second join is
 # unexpected.
-_HANDLERS = {"call": _call, "load": _load, "ping": _ping, "unload": _unload, "join": _join}
+_HANDLERS: "dict[str, Callable[[dict[str, Any]], None]]" = {
+    "call": _call,
+    "load": _load,
+    "ping": _ping,
+    "unload": _unload,
+    "join": _join,
+}
 
 
-def _main():
+def _main() -> None:
     global _np, _seq
     # Ctrl-C in a terminal is the program's to handle; the worker is in its own process group,
     # but a body's own signal handling should not see it either.
@@ -697,7 +756,7 @@ def _main():
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - a replaced stream
             pass
-    ns = {}
+    ns: dict[str, Any] = {}
     exec(compile(init["importer"], _PYOP, "exec"), ns)
     global _install_package, _importer_text
     _install_package = ns["_install_package"]
@@ -721,7 +780,7 @@ def _main():
 # single-threaded; it forks each worker, which sets its own thread counts. It runs no body.
 
 
-def _zygote():
+def _zygote() -> None:
     global _seq, _is_zygote
     _is_zygote = True
     _send(
@@ -754,7 +813,7 @@ def _zygote():
             raise _ProtocolError("the zygote got %r" % op)
 
 
-def _spawn(fd, env, cwd):
+def _spawn(fd: int, env: dict[str, str], cwd: str) -> int:
     global _zygote_forking
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
@@ -785,7 +844,7 @@ def _spawn(fd, env, cwd):
     os._exit(0)
 
 
-def _become_worker(fd, env, cwd):
+def _become_worker(fd: int, env: dict[str, str], cwd: str) -> None:
     global _SOCK, _seq, _is_zygote
     # A worker now: it checks for its next request after each reply (the zygote does not).
     _is_zygote = False
@@ -808,13 +867,13 @@ def _become_worker(fd, env, cwd):
     _serve()
 
 
-def _blas_threads(env):
+def _blas_threads(env: dict[str, str]) -> None:
     """Sets the thread count of every BLAS library loaded (OpenBLAS, as NumPy's wheels ship it or
     as a system `libblas.so.3`, MKL, BLIS, FlexiBLAS) to what `env` says, as its variables would
     have at load time: found by the setter each exports, whatever the file is called."""
     import ctypes
 
-    def count(*names):
+    def count(*names: str) -> Optional[int]:
         for n in names:
             try:
                 return int(env[n].split(",")[0])
@@ -853,7 +912,7 @@ def _blas_threads(env):
                     break
 
 
-def _serve():
+def _serve() -> None:
     global _seq
     _send(
         {
@@ -885,5 +944,7 @@ def _serve():
                 os._exit(70)
 
 
-_install_package: Any = None
-_main()
+# The embedded-package importer's `_install_package`, from `init` (`_main`).
+_install_package: "_Installer"
+if _IS_WORKER:
+    _main()

@@ -3,17 +3,24 @@
 # of tracebacks); `body/package.rs` calls `_install_package`.
 
 import importlib.abc as _abc
+import importlib.machinery as _machinery
 import importlib.util as _util
 import sys as _sys
+import types as _types
+from typing import Iterable, Mapping, Optional, Sequence, Union, cast
+
+# A package's files, by their paths relative to its root (with "/"): a dict (`package.rs`) or
+# (path, text) pairs (a worker's load request).
+_Files = Union[Mapping[str, str], Iterable[tuple[str, str]]]
 
 
 class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
     """Serves a package embedded in the binary (`#[py_op(package = ...)]`) from memory."""
 
-    def __init__(self, name, root, files):
+    def __init__(self, name: str, root: str, files: _Files) -> None:
         self.name, self.root, self.files = name, root, dict(files)
 
-    def _locate(self, fullname):
+    def _locate(self, fullname: str) -> Optional[tuple[str, bool]]:
         if fullname == self.name:
             return "__init__.py", True
         if not fullname.startswith(self.name + "."):
@@ -25,7 +32,12 @@ class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
             return rel + ".py", False
         return None
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self,
+        fullname: str,
+        path: Optional[Sequence[str]] = None,
+        target: Optional[_types.ModuleType] = None,
+    ) -> Optional[_machinery.ModuleSpec]:
         found = self._locate(fullname)
         if found is None:
             return None
@@ -37,24 +49,25 @@ class _EmbeddedPackage(_abc.MetaPathFinder, _abc.Loader):
         spec.has_location = True
         return spec
 
-    def create_module(self, spec):
+    def create_module(self, spec: _machinery.ModuleSpec) -> None:
         return None
 
-    def exec_module(self, module):
-        rel, _ = self._locate(module.__name__)
+    def exec_module(self, module: _types.ModuleType) -> None:
+        # (A module this finder found.)
+        rel, _ = cast(tuple[str, bool], self._locate(module.__name__))
         filename = self.root + "/" + rel
         module.__file__ = filename
         exec(compile(self.files.get(rel, ""), filename, "exec"), module.__dict__)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> Optional[str]:
         found = self._locate(fullname)
         return None if found is None else self.files.get(found[0], "")
 
 
-_packages = {}
+_packages: dict[str, _EmbeddedPackage] = {}
 
 
-def _install_package(name, root, files, replace):
+def _install_package(name: str, root: str, files: _Files, replace: bool) -> None:
     finder = _packages.get(name)
     if finder is None:
         finder = _packages[name] = _EmbeddedPackage(name, root, files)

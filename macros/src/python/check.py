@@ -8,27 +8,33 @@
 #   ok
 #   error <TAB> python line (0: none) <TAB> message
 #   defer <TAB> reason   (what only running the source can tell; validate() checks it)
+#
+# Run as a script (`python -I -c`, `__name__` "__main__"); imported (the tests in
+# `runtime/python-tests/`), it only defines its functions. Type-checked with `mypy --strict`; the
+# interpreter may be any pyo3 builds against, so the annotations are Python 3.9's.
 import ast
 import io
 import re
 import sys
 import warnings
+from typing import Optional, Union
 
-warnings.simplefilter("ignore")  # SyntaxWarnings are Python's to print at run time
+# A function definition, as the syntax tree has it.
+_Def = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
 
-def unescape(s):
+def unescape(s: str) -> str:
     return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s, flags=re.S)
 
 
-def escape(s):
+def escape(s: str) -> str:
     return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
-def syntax_error(e, filename):
+def syntax_error(e: SyntaxError, filename: str) -> tuple[int, str]:
     # An error inside an f-string on Python < 3.9 is numbered within the f-string: no line then.
     line = 0 if e.filename == "<fstring>" else (e.lineno or 0)
     where = f", line {line}" if line else ""
@@ -49,16 +55,18 @@ NAMED_EXPR = getattr(ast, "NamedExpr", ())  # Python 3.8+
 DYNAMIC = {"globals", "exec", "eval", "setattr", "vars", "__import__", "locals"}
 
 
-def module_names(tree):
+def module_names(tree: ast.Module) -> tuple[dict[str, list[_Def]], set[str], bool]:
     """Names bound at module level: (functions defined directly, other bindings, dynamic?)."""
-    defs, other, dynamic = {}, set(), False
+    defs: dict[str, list[_Def]] = {}
+    other: set[str] = set()
+    dynamic = False
 
-    def bind_target(t):
+    def bind_target(t: ast.AST) -> None:
         for n in ast.walk(t):
             if isinstance(n, ast.Name):
                 other.add(n.id)
 
-    def visit(stmts, top):
+    def visit(stmts: list[ast.stmt], top: bool) -> None:
         nonlocal dynamic
         for s in stmts:
             if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -124,7 +132,7 @@ def module_names(tree):
     return defs, other, dynamic
 
 
-def describe(fn):
+def describe(fn: _Def) -> str:
     a = fn.args
     parts = []
     pos = getattr(a, "posonlyargs", []) + a.args
@@ -144,7 +152,7 @@ def describe(fn):
     return f"{fn.name}({', '.join(parts)})"
 
 
-def check_call(fn, names, role):
+def check_call(fn: _Def, names: list[str], role: str) -> Optional[str]:
     """None if calling fn with len(names) positional arguments works, else why not."""
     a = fn.args
     pos = getattr(a, "posonlyargs", []) + a.args
@@ -177,7 +185,7 @@ def check_call(fn, names, role):
     )
 
 
-def handle(filename, source, function, names, role):
+def handle(filename: str, source: str, function: str, names: list[str], role: str) -> str:
     try:
         compile(source, filename, "exec", dont_inherit=True)
         tree = ast.parse(source, filename)
@@ -210,17 +218,24 @@ def handle(filename, source, function, names, role):
     return "ok"
 
 
-# UTF-8 and "\n" only, whatever the platform's defaults (`-I` ignores PYTHONUTF8): one line is
-# one request, and a "\r" in a source stays inside its field.
-sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
-sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+def main() -> None:
+    """Answers requests until stdin ends."""
+    warnings.simplefilter("ignore")  # SyntaxWarnings are Python's to print at run time
+    # UTF-8 and "\n" only, whatever the platform's defaults (`-I` ignores PYTHONUTF8): one line
+    # is one request, and a "\r" in a source stays inside its field.
+    sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
+    sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
 
-for raw in sys.stdin:
-    fields = [unescape(f) for f in raw.rstrip("\n").split("\t")]
-    try:
-        filename, source, function, names, role = fields
-        answer = handle(filename, source, function, [n for n in names.split(",") if n], role)
-    except Exception as e:  # never fail a build on the checker's own trouble
-        answer = "defer\t" + escape(f"the build-time check failed: {e!r}")
-    sys.stdout.write(answer + "\n")
-    sys.stdout.flush()
+    for raw in sys.stdin:
+        fields = [unescape(f) for f in raw.rstrip("\n").split("\t")]
+        try:
+            filename, source, function, names, role = fields
+            answer = handle(filename, source, function, [n for n in names.split(",") if n], role)
+        except Exception as e:  # never fail a build on the checker's own trouble
+            answer = "defer\t" + escape(f"the build-time check failed: {e!r}")
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,20 +1,29 @@
 # The program's side of a worker's reply (`bridge/shared/mod.rs`): unpickling what a worker sent,
 # and rebuilding its exceptions. Run once, in a namespace of its own, under the file name
-# `<pyop>`.
+# `<pyop>`, after `worker/python/pickle_names.py`'s text, which names what a worker's pickle may
+# name: the plain types' constructors and the constructors below, which rebuild arrays from a
+# dtype string, a shape and bytes. No NumPy reduce and no dtype state is ever unpickled, so
+# nothing a body returns can make the program run code or read plain bytes as objects.
 
 import builtins as _builtins
 import io as _io
 import pickle as _pickle
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+if TYPE_CHECKING:  # defined by pickle_names.py, whose text runs before this file's
+    import numpy
+    from numpy.typing import NDArray
+    from pickle_names import _PICKLED_BUILTINS, _PICKLED_CONSTRUCTORS
 
 # The stand-in classes made lately, by (qualname, module), least recently used first: a body
 # returning objects of generated classes (`type("Gen%d" % n, ...)`, `make_dataclass`) names a new
 # class each call, so at most `_CLASSES_KEPT` are kept (an evicted one is freed with its last
 # stand-in, and made again if its names come back).
-_classes = {}
+_classes: dict[tuple[str, str], type] = {}
 _CLASSES_KEPT = 256
 
 
-def _standin_class(qualname, module):
+def _standin_class(qualname: str, module: str) -> type:
     key = (qualname, module)
     cls = _classes.pop(key, None)
     if cls is None:
@@ -36,34 +45,12 @@ def _standin_class(qualname, module):
     return cls
 
 
-def _standin(qualname, module):
+def _standin(qualname: str, module: str) -> object:
     """A value the worker could not send as it is: an object of a class of the same name."""
     return _standin_class(qualname, module)()
 
 
-# What a worker's pickle may name (worker.py's `_NAMED`): the plain types' constructors and the
-# constructors below, which rebuild arrays from a dtype string, a shape and bytes. No NumPy reduce
-# and no dtype state is ever unpickled, so nothing a body returns can make the program run code
-# or read plain bytes as objects.
-_ALLOWED = {
-    ("builtins", "complex"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "bytearray"),
-    ("builtins", "slice"),
-    ("builtins", "range"),
-    ("builtins", "tuple"),
-    ("builtins", "list"),
-    ("builtins", "dict"),
-    ("builtins", "int"),
-    ("builtins", "float"),
-    ("builtins", "str"),
-    ("builtins", "bytes"),
-    ("builtins", "bool"),
-}
-
-
-def _ml_dtype_refused(name):
+def _ml_dtype_refused(name: str) -> _pickle.UnpicklingError:
     # One of ml_dtypes' types (sent as `ml_dtypes.<name>`: its `str` is a void's, `<V2`). A
     # worker op is in numpy mode, whose outputs are NumPy's dtypes, so none is ever read: refused
     # by name, without importing ml_dtypes in the program for a worker.
@@ -75,7 +62,7 @@ def _ml_dtype_refused(name):
     )
 
 
-def _plain_dtype(text):
+def _plain_dtype(text: object) -> "numpy.dtype[Any]":
     import numpy
 
     text = str(text)
@@ -89,11 +76,11 @@ def _plain_dtype(text):
 
 # The dtypes `_array` was sent, checked (each a string a worker chose: the cache stops growing at
 # 64), and NumPy's `frombuffer` once NumPy is imported.
-_array_dtypes = {}
-_frombuffer = None
+_array_dtypes: "dict[str, numpy.dtype[Any]]" = {}
+_frombuffer: Optional[Callable[..., Any]] = None
 
 
-def _array(dtype, shape, buffer):
+def _array(dtype: str, shape: tuple[int, ...], buffer: Any) -> "NDArray[Any]":
     global _frombuffer
     dt = _array_dtypes.get(dtype)
     if dt is None:
@@ -107,13 +94,13 @@ def _array(dtype, shape, buffer):
     return _frombuffer(buffer, dtype=dt).reshape(shape)
 
 
-def _scalar(dtype, data):
+def _scalar(dtype: str, data: bytes) -> Any:
     import numpy
 
     return numpy.frombuffer(bytes(data), dtype=_plain_dtype(dtype))[0]
 
 
-def _object_array(shape):
+def _object_array(shape: Iterable[int]) -> "NDArray[Any]":
     # Its values do not matter: the output check refuses object arrays. One element broadcast to
     # the shape, so a tiny result in the worker (itself a broadcast) costs nothing here.
     import numpy
@@ -121,7 +108,7 @@ def _object_array(shape):
     return numpy.broadcast_to(numpy.empty((), dtype=object), tuple(shape))
 
 
-def _structured(shape, descr):
+def _structured(shape: Iterable[int], descr: list[Any]) -> "NDArray[Any]":
     # The same: refused for having fields, whatever they hold.
     import numpy
 
@@ -129,13 +116,14 @@ def _structured(shape, descr):
     return numpy.broadcast_to(one, tuple(shape))
 
 
-def _masked(data, mask):
+def _masked(data: "NDArray[Any]", mask: "NDArray[Any]") -> "numpy.ma.MaskedArray[Any, Any]":
     import numpy
 
     return numpy.ma.masked_array(data, mask=mask)
 
 
-_CONSTRUCTORS = {
+# What each of `_PICKLED_CONSTRUCTORS` is in the program.
+_CONSTRUCTORS: dict[str, Callable[..., object]] = {
     "standin": _standin,
     "array": _array,
     "scalar": _scalar,
@@ -146,21 +134,23 @@ _CONSTRUCTORS = {
 
 
 class _Unpickler(_pickle.Unpickler):
-    def find_class(self, module, name):
-        if module == "_pyop_worker" and name in _CONSTRUCTORS:
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "_pyop_worker" and name in _PICKLED_CONSTRUCTORS:
             return _CONSTRUCTORS[name]
-        if (module, name) in _ALLOWED:
+        if module == "builtins" and name in _PICKLED_BUILTINS:
             return super().find_class(module, name)
         raise _pickle.UnpicklingError(
             "a pyop worker sent %s.%s, which is not a value pyop reads" % (module, name)
         )
 
 
-def loads(data, buffers):
+def loads(data: bytes, buffers: Iterable[Any]) -> Any:
     return _Unpickler(_io.BytesIO(data), buffers=buffers).load()
 
 
-def exception(type_name, module, bases, message, name):
+def exception(
+    type_name: str, module: str, bases: Iterable[str], message: str, name: Optional[str]
+) -> BaseException:
     """An exception of the worker's type name, deriving from the same builtin exception (so it
     maps to the same error kind), whose str() is the worker's message exactly."""
     for b in bases:
@@ -178,6 +168,7 @@ def exception(type_name, module, bases, message, name):
         if name is not None and isinstance(e, ImportError):
             e.name = name
         return e
-    return type(type_name, (Exception,), {"__module__": module, "__str__": lambda self: message})(
-        message
+    other: type[Exception] = type(
+        type_name, (Exception,), {"__module__": module, "__str__": lambda self: message}
     )
+    return other(message)

@@ -1,30 +1,47 @@
 # What any process that runs pyop bodies outside the program needs, whatever carries its
 # messages: loading a body's module from what the program sent, the `pyop` stand-in module, an
 # exception as the program rebuilds it (kind, message, traceback), and a result pickled so that
-# the program's restricted unpickler (`bridge/shared/glue.py`) can read it. A worker process runs
-# this text before its main loop (`worker.py`); a Ray actor (`worker/ray/actor.py`) runs it too.
-# Both run it under the file name `<pyop>`, whose frames are left out of tracebacks.
+# the program's restricted unpickler (`bridge/shared/python/reply.py`) can read it. A worker
+# process runs this text (after `pickle_names.py`'s) before its main loop (`worker.py`); a Ray
+# actor (`worker/ray/python/actor.py`) runs it too. Both run it under the file name `<pyop>`,
+# whose frames are left out of tracebacks.
+#
+# Type-checked with `mypy --strict` (`scripts/dev.sh`). The texts run in one namespace are
+# concatenated, so no file of them may start with a `from __future__` import: the annotations
+# are evaluated as Python 3.9 evaluates them (`Optional`, not `X | None`), and names only
+# imported for mypy (`TYPE_CHECKING`) are written in quotes.
 
 import linecache
 import pickle
 import sys
 import traceback
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypedDict, cast
+
+if TYPE_CHECKING:  # defined by pickle_names.py, whose text runs before this file's
+    import numpy as _np
+    from numpy.typing import NDArray
+    from pickle_names import _PICKLED_BUILTINS, _PICKLED_CONSTRUCTORS
+    from typing_extensions import Buffer
+else:
+    _np = None  # NumPy, once the process has imported it (worker.py's `_main`, actor.py)
 
 _PYOP = "<pyop>"
-_np: Any = None  # NumPy, once the process has imported it
+
+# What a body's module is loaded with: the embedded-package importer's `_install_package`
+# (`body/python/importer.py`): a package's name, root, files and whether to replace them.
+_Installer = Callable[[str, str, Any, bool], None]
 
 
 # --- loading bodies ---------------------------------------------------------------------------
 
 
-def _cache_lines(filename, text, first_line):
+def _cache_lines(filename: str, text: str, first_line: int) -> None:
     lines = text.splitlines(keepends=True)
     linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
-def _load_module(msg, install_package):
+def _load_module(msg: dict[str, Any], install_package: _Installer) -> types.ModuleType:
     """The module of a load request's source (`protocol.rs`, `LoadSource`); raises what loading
     it raised."""
     kind = msg["kind"]
@@ -55,7 +72,7 @@ class _PyopStub(types.ModuleType):
     pyop.Tensor) lives in the program. Every attribute is missing, as `AttributeError` (what
     `hasattr`, `getattr(m, name, default)` and `inspect` expect), saying why."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         raise AttributeError(
@@ -66,7 +83,7 @@ class _PyopStub(types.ModuleType):
 # --- exceptions -------------------------------------------------------------------------------
 
 
-def _clean(text):
+def _clean(text: object) -> str:
     """A string JSON (and the program) can take: lone surrogates escaped."""
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -79,7 +96,20 @@ _PYOP_HINT = (
 )
 
 
-def _exception_info(e, phase):
+class _ExcInfo(TypedDict):
+    """An exception as the program rebuilds it (protocol.rs, `ExcInfo`)."""
+
+    type: str
+    module: str
+    bases: list[str]
+    message: str
+    traceback: str
+    phase: str
+    syntax: Optional[dict[str, str]]
+    name: Optional[str]
+
+
+def _exception_info(e: BaseException, phase: str) -> _ExcInfo:
     t = type(e)
     bases = [
         c.__name__ for c in t.__mro__ if c.__module__ == "builtins" and issubclass(c, BaseException)
@@ -162,7 +192,7 @@ _PLAIN = (
 # (the stored value), never through a method the subclass may override (`__int__`, `__iter__`,
 # `__getitem__`). Subclasses of the types it refuses (str, bytes, dict, set) are sent as stand-ins
 # of their own name, so the refusal names the same type as in the program.
-def _as_base(obj, t):
+def _as_base(obj: Any, t: type) -> object:
     if issubclass(t, bool):
         return bool(int.__int__(obj))
     if issubclass(t, int):
@@ -178,42 +208,22 @@ def _as_base(obj, t):
     return None
 
 
-# The only classes and functions a reply's pickle may name: the plain types' constructors and
-# this module's own constructors of arrays, scalars and the values the output check refuses. No
-# NumPy reduce runs: an array travels as its dtype's string, its shape and its bytes, so the
-# program never rebuilds a dtype from a pickled state (which can claim an object dtype's bytes are
-# plain numbers). The program's unpickler accepts these and nothing else.
-_NAMED = {
-    ("builtins", "complex"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "bytearray"),
-    ("builtins", "slice"),
-    ("builtins", "range"),
-    ("builtins", "tuple"),
-    ("builtins", "list"),
-    ("builtins", "dict"),
-    ("builtins", "int"),
-    ("builtins", "float"),
-    ("builtins", "str"),
-    ("builtins", "bytes"),
-    ("builtins", "bool"),
-    ("_pyop_worker", "standin"),
-    ("_pyop_worker", "array"),
-    ("_pyop_worker", "scalar"),
-    ("_pyop_worker", "object_array"),
-    ("_pyop_worker", "structured"),
-    ("_pyop_worker", "masked"),
+# The only classes and functions a reply's pickle may name (`pickle_names.py`, which the
+# program's unpickler reads too): the plain types' constructors and the constructors of arrays,
+# scalars and the values the output check refuses, which this module names and the program
+# defines. Anything else becomes a stand-in.
+_NAMED = {("builtins", n) for n in _PICKLED_BUILTINS} | {
+    ("_pyop_worker", n) for n in _PICKLED_CONSTRUCTORS
 }
 
 
-def _never(*args):  # the program's glue.py defines what these names do
+def _never(*args: object) -> NoReturn:  # the program's reply.py defines what these names do
     raise RuntimeError("pyop worker constructor")
 
 
 _glue = types.ModuleType("_pyop_worker")
 sys.modules["_pyop_worker"] = _glue
-for _name in ("standin", "array", "scalar", "object_array", "structured", "masked"):
+for _name in _PICKLED_CONSTRUCTORS:
     _f = types.FunctionType(_never.__code__, {}, _name)
     _f.__module__ = "_pyop_worker"
     _f.__qualname__ = _name
@@ -221,21 +231,23 @@ for _name in ("standin", "array", "scalar", "object_array", "structured", "maske
 _standin = _glue.standin
 
 
-def _dtype_text(dt):
+def _dtype_text(dt: "_np.dtype[Any]") -> str:
     """A dtype as the program's glue reads it back: its `str`, or for one of ml_dtypes' types
     (whose `str` is a void's, `<V2`) `ml_dtypes.` and its name."""
     if dt.kind == "V" and dt.fields is None and getattr(dt.type, "__module__", None) == "ml_dtypes":
         return "ml_dtypes." + dt.type.__name__
-    return dt.str
+    text: str = dt.str
+    return text
 
 
-def _array_parts(a):
+def _array_parts(a: "NDArray[Any]") -> tuple[str, tuple[int, ...], pickle.PickleBuffer]:
     """A plain array as (dtype string, shape, its bytes out of band)."""
     c = a if a.flags.c_contiguous else _np.ascontiguousarray(a)
     return (
         _dtype_text(c.dtype),
         tuple(c.shape),
-        pickle.PickleBuffer(c.reshape(-1).view(_np.uint8)),
+        # (An array is a buffer; NumPy's stubs say so for Python 3.12 and later only.)
+        pickle.PickleBuffer(cast("Buffer", c.reshape(-1).view(_np.uint8))),
     )
 
 
@@ -246,7 +258,7 @@ class _Pickler(pickle.Pickler):
     the object itself (and refuses as the in-process check would). Every value is read through
     its base type's own methods, as the program reads it, whatever a subclass overrides."""
 
-    def reducer_override(self, obj):
+    def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
         if t in _PLAIN:
             return NotImplemented
@@ -257,7 +269,8 @@ class _Pickler(pickle.Pickler):
             return (_standin, (t.__qualname__, t.__module__))
         if issubclass(t, _np.ndarray):
             if issubclass(t, _np.ma.MaskedArray):
-                data = _np.ndarray.view(_np.ma.MaskedArray.data.fget(obj), _np.ndarray)
+                # (NumPy's stubs type the property `data` as a method.)
+                data = _np.ndarray.view(cast(Any, _np.ma.MaskedArray.data).fget(obj), _np.ndarray)
                 return (_glue.masked, (data, _np.asarray(_np.ma.getmaskarray(obj))))
             a = obj if t is _np.ndarray else _np.ndarray.view(obj, _np.ndarray)
             if a.dtype.fields is not None:

@@ -1,23 +1,30 @@
 # The relay of a Ray pool's actor (`ray/mod.rs`): part of every worker's main loop (its text runs
-# between `host.py`'s and `worker.py`'s). A worker the program tells to `join` becomes a Ray
-# driver of its own: it imports Ray, joins the cluster, starts its actor (`actor.py`, whose text
-# it sends Ray by value) and from then on forwards each load, call, ping and unload to it. What
-# the actor answers is a reply of the worker protocol less where its buffers lie; the relay copies
-# the buffers into the result arena (asking for a larger one as a worker does), names their
-# places and sends the reply on: the program reads a relay's answers as any worker's. So Ray runs
-# only in processes pyop owns: the program's interpreter never imports it, and a relay killed
-# (on a time limit, or with the program) takes its actor with it (Ray ends a driver's actors).
+# between `worker/python/host.py`'s and `worker.py`'s). A worker the program tells to `join`
+# becomes a Ray driver of its own: it imports Ray, joins the cluster, starts its actor
+# (`actor.py`, whose text it sends Ray by value) and from then on forwards each load, call, ping
+# and unload to it. What the actor answers is a reply of the worker protocol less where its
+# buffers lie; the relay copies the buffers into the result arena (asking for a larger one as a
+# worker does), names their places and sends the reply on: the program reads a relay's answers as
+# any worker's. So Ray runs only in processes pyop owns: the program's interpreter never imports
+# it, and a relay killed (on a time limit, or with the program) takes its actor with it (Ray ends
+# a driver's actors).
 #
 # A failed wait for the actor (it or its node died) is answered `lost`, and the relay exits.
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # defined by host.py and worker.py, one namespace (process.rs)
-    from host import _clean, _exception_info, _np
+    import numpy as _np
+    from actor import PyopActor, _Outs, _Parts
+    from host import _clean, _exception_info
+    from typing_extensions import Buffer
     from worker import (
         _HANDLERS,
         _MAX_PICKLE,
+        _Arena,
+        _Copies,
         _decode,
+        _Places,
         _ProtocolError,
         _result_arena,
         _room,
@@ -34,38 +41,38 @@ _importer_text = ""  # the embedded-package importer's code (`init`), which the 
 class PyopHost:
     """The actor Ray runs: `actor.py`'s `PyopActor`, run from its text in the actor's process."""
 
-    def __init__(self, text, importer, argv):
+    def __init__(self, text: str, importer: str, argv: list[str]) -> None:
         import sys
         import types
 
         module = types.ModuleType("pyop_ray_actor")
         sys.modules["pyop_ray_actor"] = module
         exec(compile(text, "<pyop>", "exec"), module.__dict__)
-        self.actor = module.PyopActor(importer, argv)
+        self.actor: PyopActor = module.PyopActor(importer, argv)
 
-    def where(self):
+    def where(self) -> dict[str, Any]:
         return self.actor.where()
 
-    def load(self, msg):
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         return self.actor.load(msg)
 
-    def unload(self, base):
+    def unload(self, base: str) -> None:
         return self.actor.unload(base)
 
-    def ping(self, key, fns):
+    def ping(self, key: list[Any], fns: list[str]) -> dict[str, Any]:
         return self.actor.ping(key, fns)
 
-    def call(self, key, function, args, outs):
+    def call(self, key: list[Any], function: str, args: list[Any], outs: "_Outs") -> "_Parts":
         return self.actor.call(key, function, args, outs)
 
 
-def _join(msg):
+def _join(msg: dict[str, Any]) -> None:
     """Joins the cluster, starts the actor and says where it runs (`joined`), or at which step
     it failed (`join_failed`)."""
     global _ray, _actor
     import sys
 
-    def failed(stage, e):
+    def failed(stage: str, e: BaseException) -> None:
         _send({"s": "join_failed", "stage": stage, "exc": _exception_info(e, "start")})
 
     try:
@@ -141,7 +148,7 @@ _LOST = (
 )
 
 
-def _get(ref):
+def _get(ref: Any) -> Any:
     """What the actor answered. If it (or its node) is gone, the program is told (`lost`); if
     the actor's own machinery raised, as a worker's (`raised`, phase `worker`). Either way the
     relay exits."""
@@ -158,19 +165,19 @@ def _get(ref):
         os._exit(70)
 
 
-def _relay_load(msg):
+def _relay_load(msg: dict[str, Any]) -> None:
     _send(_get(_actor.load.remote(msg)))
 
 
-def _relay_ping(msg):
+def _relay_ping(msg: dict[str, Any]) -> None:
     _send(_get(_actor.ping.remote(msg["key"], msg["fns"])))
 
 
-def _relay_unload(msg):
+def _relay_unload(msg: dict[str, Any]) -> None:
     _actor.unload.remote(msg["base"])  # not waited for: the actor runs its requests in order
 
 
-def _relay_call(msg):
+def _relay_call(msg: dict[str, Any]) -> None:
     views = _Views()
     args = _decode(msg["args"], views)
     outs = msg["out"]
@@ -189,7 +196,9 @@ def _relay_call(msg):
 
             os._exit(70)  # the actor's own machinery failed: as a worker's, it ends
         return
-    placed, to_copy, need = [], [], 0
+    placed: _Places = []
+    to_copy: _Copies = []
+    need = 0
     for raw in bufs:
         if raw.nbytes == 0:
             placed.append([0, 0, 0])
@@ -205,8 +214,9 @@ def _relay_call(msg):
         reply["outs"] = placed
     else:
         raise _ProtocolError("the actor answered a call with %r and %d buffers" % (kind, len(bufs)))
-    res = _result_arena(need)
+    res = cast("_Arena", _result_arena(need))  # (None only when nothing is copied)
     for off, raw in to_copy:
-        res.view[off : off + raw.nbytes] = raw
+        # (An array is a buffer; NumPy's stubs say so for Python 3.12 and later only.)
+        res.view[off : off + raw.nbytes] = cast("Buffer", raw)
     del to_copy, bufs
     _send(reply, payload if kind == "pickled" else b"")

@@ -1,8 +1,8 @@
-# A pyop worker as a Ray actor (`ray/mod.rs`): it runs after `worker/host.py`'s text, in a module
-# of its own in the actor's process (the relay's `PyopHost` runs it from the text the relay sends
-# Ray by value), so no node needs a file of pyop's. Each actor runs one call at a time
-# (`max_concurrency` 1) and keeps the modules of the bodies the program sent it, by key, as a
-# worker process does.
+# A pyop worker as a Ray actor (`ray/mod.rs`): it runs after `worker/python/host.py`'s text (and
+# `pickle_names.py`'s before it), in a module of its own in the actor's process (the relay's
+# `PyopHost` runs it from the text the relay sends Ray by value), so no node needs a file of
+# pyop's. Each actor runs one call at a time (`max_concurrency` 1) and keeps the modules of the
+# bodies the program sent it, by key, as a worker process does.
 #
 # Arguments arrive as Ray deserialised them: NumPy arrays read-only (from the object store, without
 # a copy on the node that holds them, or from the call's own bytes when small; a test checks
@@ -18,28 +18,39 @@
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+import types
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # defined by host.py, whose text runs before this file's (relay.py)
-    from host import _PYOP, _exception_info, _load_module, _Pickler, _PyopStub
+    import pickle
 
-_np: Any = None  # NumPy, once the actor has imported it (host.py's global: one namespace)
+    import numpy
+    import numpy as _np
+    from host import _PYOP, _exception_info, _Installer, _load_module, _Pickler, _PyopStub
+    from numpy.typing import NDArray
+
+# (`_np`, NumPy once the actor has imported it, is host.py's global: one namespace.)
+
+# A call's answer: the reply, the pickle (or nothing) and the buffers, each a uint8 array.
+_Parts = tuple[dict[str, Any], bytes, list["NDArray[numpy.uint8]"]]
+# A call's `out` arrays, each as its dtype and shape (None: the body returns its outputs).
+_Outs = Optional[list[tuple[str, list[int]]]]
 
 
 class PyopActor:
-    def __init__(self, importer, argv):
+    def __init__(self, importer: str, argv: list[str]) -> None:
         global _np
         import numpy
 
         _np = numpy
         sys.argv[:] = argv
         sys.modules["pyop"] = _PyopStub("pyop")
-        ns = {}
+        ns: dict[str, Any] = {}
         exec(compile(importer, _PYOP, "exec"), ns)
-        self._install_package = ns["_install_package"]
-        self._modules = {}
+        self._install_package: _Installer = ns["_install_package"]
+        self._modules: dict[tuple[Any, ...], types.ModuleType] = {}
 
-    def where(self):
+    def where(self) -> dict[str, Any]:
         """Where this actor runs, and with what: the program checks these against its own."""
         import ray
 
@@ -55,7 +66,7 @@ class PyopActor:
             },
         }
 
-    def load(self, msg):
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Loads a body's module from its load request (`Request::Load`, as the relay read it)."""
         key = tuple(msg["key"])
         for old in [k for k in self._modules if k[0] == key[0]]:
@@ -67,22 +78,22 @@ class PyopActor:
         self._modules[key] = module
         return {"s": "loaded"}
 
-    def unload(self, base):
+    def unload(self, base: str) -> None:
         for old in [k for k in self._modules if k[0] == base]:
             del self._modules[old]
 
-    def ping(self, key, fns):
+    def ping(self, key: list[Any], fns: list[str]) -> dict[str, Any]:
         module = self._modules.get(tuple(key))
         return {"s": "pong", "missing": [n for n in fns if not callable(getattr(module, n, None))]}
 
-    def call(self, key, function, args, outs):
+    def call(self, key: list[Any], function: str, args: list[Any], outs: _Outs) -> _Parts:
         module = self._modules.get(tuple(key))
         if module is None:
             # Never, while the program's record of each relay's loads is right: the actor's
             # own machinery failed, and its relay ends.
             e = KeyError("the module %r is not loaded in this actor" % (key,))
             return {"s": "raised", "exc": _exception_info(e, "worker"), "retained": False}, b"", []
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         try:
             if outs is not None:
                 arrays = [_np.zeros(shape, dtype) for dtype, shape in outs]
@@ -98,20 +109,20 @@ class PyopActor:
             return {"s": "raised", "exc": _exception_info(e, "result"), "retained": False}, b"", []
 
 
-def _bytes_of(a):
+def _bytes_of(a: "NDArray[Any]") -> "NDArray[numpy.uint8]":
     # (`ascontiguousarray` would make a 0-d array 1-d.)
     c = a if a.flags.c_contiguous else _np.ascontiguousarray(a)
     return c.reshape(-1).view(_np.uint8)
 
 
-def _parts(value):
+def _parts(value: object) -> _Parts:
     if type(value) is _np.ndarray and value.dtype.kind in "biufc":
-        reply = {"s": "array", "dtype": value.dtype.str, "shape": list(value.shape)}
+        reply: dict[str, Any] = {"s": "array", "dtype": value.dtype.str, "shape": list(value.shape)}
         reply["retained"] = False
         return reply, b"", [_bytes_of(value)]
     import io
 
-    buffers = []
+    buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(value)
     raws = [_np.frombuffer(pb.raw(), dtype=_np.uint8) for pb in buffers]
