@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   scripts/dev.sh example   runs the main example (examples/log_huber.rs)
-#   scripts/dev.sh test      runs every test, the examples, clippy, rustfmt, ruff and mypy (what
-#                            CI runs), and prints each step's time
-#   scripts/dev.sh test --quick   the edit loop: fmt, ruff, clippy and the in-process tests
+#   scripts/dev.sh test      runs every test, the examples, clippy, rustfmt, ruff, the embedded
+#                            Python's pytest suite and mypy (what CI runs), and prints each
+#                            step's time
+#   scripts/dev.sh test --quick   the edit loop: fmt, ruff, pytest, clippy and the in-process tests
 #   scripts/dev.sh mutants [FILE...]   mutation testing of FILEs, or of what this change touches
 # Both first make sure the project-local venv `.venv` exists and has NumPy, and point the build
 # and the embedded interpreter at it; nothing has to be set up by hand.
@@ -52,7 +53,7 @@ case "${1:-}" in
     exec cargo run --example log_huber
     ;;
   test)
-    # `test --quick`: the edit loop (fmt, ruff, clippy, the in-process tests).
+    # `test --quick`: the edit loop (fmt, ruff, pytest, clippy, the in-process tests).
     quick=
     if [ "${2:-}" = "--quick" ]; then quick=1; fi
     # The suite sets these itself where it needs them.
@@ -65,11 +66,13 @@ case "${1:-}" in
     if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
       rustup component add rustfmt clippy
     fi
-    # ruff and mypy (from PyPI) go into .venv once.
+    # ruff, mypy and pytest (from PyPI) go into .venv once.
     .venv/bin/python -m ruff --version >/dev/null 2>&1 \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ruff>=0.8,<1'
     .venv/bin/python -m mypy --version >/dev/null 2>&1 \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
+    .venv/bin/python -m pytest --version >/dev/null 2>&1 \
+      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'pytest>=8,<9'
     # ml_dtypes (from PyPI) for the tests of bf16 and fp8 arrays returned by bodies.
     .venv/bin/python -c 'import ml_dtypes' 2>/dev/null \
       || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ml_dtypes>=0.4,<1'
@@ -115,6 +118,11 @@ case "${1:-}" in
     # Every Python file here, the ones embedded in the crates included (ruff.toml).
     step "ruff check, ruff format --check" \
       sh -c '.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .'
+    # The pure functions of the Python embedded in the crates, on their own (runtime/python-tests:
+    # the pickling allow-list, the protocol's fields, the arena layout, the importer, the
+    # macro's checker; a second or two).
+    step "pytest (embedded Python)" \
+      .venv/bin/python -m pytest -q -p no:cacheprovider runtime/python-tests
     step "clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
     if [ -n "$quick" ]; then
       # The in-process test files, and every crate's unit tests.
