@@ -1,6 +1,10 @@
 //! The executor: [`PyOp`] (an op with its body, outputs, gradient and counters), built by
-//! [`OpBuilder`] (`builder`), called through the one call core (`run`) by the forward call
-//! (`call`) and by the autograd node's backward Python call (`autograd`).
+//! [`OpBuilder`] (`builder`), called through the one call core (`run`) by a forward call
+//! (`call` and `awaited`, the public calls; `batch`, a batch's run; `forward`, one body call,
+//! in the program or in a worker through `worker_call`) and by the autograd node's backward
+//! Python call (`autograd`). `OpInner`'s methods are here (accessors) and in `run` only; the
+//! conductors are free functions taking it, so a call between files is a path
+//! (`runtime/tests/layers.rs`).
 
 pub(crate) mod autograd;
 pub(crate) mod awaited;

@@ -1,4 +1,4 @@
-//! The one call core, shared by the forward call (`call`) and the backward Python call
+//! The one call core, shared by the forward call (`forward`) and the backward Python call
 //! (`autograd`): the device tensors made in Python land on, the GIL taken once, the op named in
 //! errors, time limits, and the counters, kept here and nowhere else.
 
