@@ -51,6 +51,7 @@ def test_every_attribute_of_the_pyop_stand_in_is_missing_and_says_why(
         "(without `workers`) to use it"
     )
     assert e.value.name == "exp"
+    assert e.value.obj is stub
     with pytest.raises(AttributeError) as e:
         stub.__wrapped__  # noqa: B018
     assert str(e.value) == "__wrapped__"

@@ -75,9 +75,10 @@ class _PyopStub(types.ModuleType):
     def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        raise AttributeError(
-            "pyop." + name + " is not available: " + _PYOP_HINT, name=name, obj=self
-        )
+        err = AttributeError("pyop." + name + " is not available: " + _PYOP_HINT)
+        # Set after: `AttributeError(name=, obj=)` takes them as keywords from Python 3.10 only.
+        err.name, err.obj = name, self
+        raise err
 
 
 # --- exceptions -------------------------------------------------------------------------------
