@@ -66,19 +66,15 @@ case "${1:-}" in
     if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
       rustup component add rustfmt clippy
     fi
-    # ruff, mypy and pytest (from PyPI) go into .venv once.
-    .venv/bin/python -m ruff --version >/dev/null 2>&1 \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ruff>=0.8,<1'
-    .venv/bin/python -m mypy --version >/dev/null 2>&1 \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'mypy>=1.10,<3'
-    .venv/bin/python -m pytest --version >/dev/null 2>&1 \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'pytest>=8,<9'
-    # ml_dtypes (from PyPI) for the tests of bf16 and fp8 arrays returned by bodies.
-    .venv/bin/python -c 'import ml_dtypes' 2>/dev/null \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ml_dtypes>=0.4,<1'
-    # Ray (from PyPI) for the tests of Ray pools, which start a two-node cluster of this machine.
-    .venv/bin/python -c 'import ray' 2>/dev/null \
-      || .venv/bin/python -m pip install --disable-pip-version-check --quiet 'ray>=2.40,<3'
+    # The test tools (from PyPI), into .venv once, in one pip run: ruff, mypy and pytest for the
+    # Python; ml_dtypes for the tests of bf16 and fp8 arrays returned by bodies; Ray for the tests
+    # of Ray pools, which start a two-node cluster of this machine. (Looked up, not imported.)
+    missing=$(.venv/bin/python -c 'import importlib.util as u
+want = {"ruff": "ruff>=0.8,<1", "mypy": "mypy>=1.10,<3", "pytest": "pytest>=8,<9",
+        "ml_dtypes": "ml_dtypes>=0.4,<1", "ray": "ray>=2.40,<3"}
+print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))')
+    # shellcheck disable=SC2086
+    [ -z "$missing" ] || .venv/bin/python -m pip install --disable-pip-version-check --quiet $missing
     # Each step's time, printed at the end (also when a step fails).
     steps=()
     started=$SECONDS
