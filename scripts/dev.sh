@@ -98,7 +98,9 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
       # In a process group of its own, so that ending it (the script failed or was interrupted)
       # ends its compilers too.
       release_log=$(mktemp)
-      setsid nice -n 10 cargo build --release --test hardening >"$release_log" 2>&1 &
+      # (What the GPU kit's CPU build below builds too: its step then only packs and runs it.)
+      setsid nice -n 10 cargo build --release --test hardening --test in_process --example gpu \
+        --bench summary >"$release_log" 2>&1 &
       release_pid=$!
       trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null || true
             rm -f "$release_log"; report' EXIT
@@ -133,7 +135,8 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
     # Every test and bench (as a test); the examples are built and run by tests/examples_tests.rs
     # (`--all-targets` would also build each example a second time, as a test harness). The Ray
     # contract test (a two-node cluster of this machine, ~2 minutes of mostly waiting) runs apart,
-    # beside the steps after this one, which compile and check but time nothing; the tests here
+    # beside the steps after this one, which compile and check but time nothing (the compiling
+    # ones at a lower priority: the Ray test has bounds of its own, 10 s and more); the tests here
     # include timing bounds and run without it.
     ray_test=ray_pools_keep_the_contract_on_a_two_node_cluster
     step "cargo test (every test, example and bench)" \
@@ -163,8 +166,10 @@ for m in map(json.loads, sys.stdin):
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
-    step "doc tests" env RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" cargo test --workspace --doc
-    step "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    step "doc tests" nice -n 5 env RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" \
+      cargo test --workspace --doc
+    step "cargo doc -D warnings" nice -n 5 env RUSTDOCFLAGS="-D warnings" \
+      cargo doc --workspace --no-deps
     # The repository's Python bodies against the `pyop` stub (build/pyop.pyi): a name or an
     # argument count the module does not have is an error. Then every file embedded in the
     # crates (each in a `python/` folder beside the Rust that includes it) with `--strict`: the
@@ -193,7 +198,8 @@ for m in map(json.loads, sys.stdin):
     # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
     step "GPU kit (CPU build, verified)" \
-      env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" scripts/gpu-kit.sh --cpu --verify
+      nice -n 5 env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" \
+      scripts/gpu-kit.sh --cpu --verify
     step "Ray contract test (what is left of it)" ray_done
     ;;
   mutants)

@@ -87,7 +87,10 @@ fi
 
 # --- build ----------------------------------------------------------------------------------------
 export PYO3_PYTHON="$python" CARGO_TERM_COLOR=never
-unset VIRTUAL_ENV
+# The CUDA kit builds in a tree of its own, apart from any venv. Without CUDA it shares the
+# workspace's release tree, and the venv stays as `dev.sh` set it: the facade's build script
+# reads it, and a change would rebuild the facade and all that uses it.
+if [ "$cuda" = 1 ]; then unset VIRTUAL_ENV; fi
 tests=(in_process)  # its device_tests, tensor_tests, grad_tests and dlpack_tests modules run there
 build_args=(--release "${features[@]}" --example gpu --bench summary)
 for t in "${tests[@]}"; do build_args+=(--test "$t"); done

@@ -46,6 +46,10 @@ def main():
     class Control(socketserver.StreamRequestHandler):
         def handle(self):
             cmd = self.rfile.readline().decode().strip()
+            if cmd not in ("remove", "add"):
+                # (`quit` is stdin's: the main loop would end without answering.)
+                self.wfile.write(b"{}\n")
+                return
             answer = queue.Queue()
             commands.put((cmd, answer.put))
             self.wfile.write(((answer.get() or "{}") + "\n").encode())
@@ -58,6 +62,9 @@ def main():
     folder = tempfile.mkdtemp(prefix="pyop-ray-")
     control = os.path.join(folder, "control")
     server = socketserver.ThreadingUnixStreamServer(control, Control)
+    # A connection still waiting when the cluster stops does not hold its stop up.
+    server.daemon_threads = True
+    server.block_on_close = False
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def say(**kw):

@@ -20,11 +20,14 @@ fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// A Ray cluster of this machine for one process (`scripts/ray_cluster.py`: a head and a second
-/// node with the resource `extra`), stopped when dropped (or when this process ends: the helper
-/// stops it when its stdin closes).
+/// A Ray cluster of this machine (`scripts/ray_cluster.py`: a head and a second node with the
+/// resource `extra`), started by the parent test and used by its child processes through
+/// `PYOP_RAY_ADDRESS` and `PYOP_RAY_CONTROL`; stopped when dropped (or when this process ends: the
+/// helper stops it when its stdin closes).
 struct RayCluster {
     helper: std::process::Child,
+    /// The helper's output, kept open (a later line of its would meet a closed pipe).
+    _lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
     address: String,
     /// The helper's control socket, for `remove` and `add` from another process.
     control: String,
@@ -55,6 +58,7 @@ impl RayCluster {
         let first = lines.next().expect("the cluster's address").unwrap();
         RayCluster {
             helper,
+            _lines: lines,
             address: json_field(&first, "address"),
             control: json_field(&first, "control"),
             session: json_field(&first, "session"),
@@ -91,34 +95,51 @@ fn processes_naming(needle: &str) -> Vec<u32> {
 /// Ray pools on a real two-node cluster keep the contract of local workers: the same output
 /// and exception tables, exact results from 8 threads, time limits, an actor killed or a node
 /// removed mid-call failing only that call, gradients, hot reload, validation, programs that
-/// end cleanly. The cluster is started here and shared by the subjects of `on_cluster`, each a
-/// test of its own, run in one child process; once it stops, nothing of it is left behind.
+/// end cleanly. The cluster is started here and shared: the subjects of `on_cluster`, each a
+/// test of its own, run in one child process, and those of `alone_on_cluster` (which need a
+/// program that has not used Ray yet) each in a process of its own; once the cluster stops,
+/// nothing of it is left behind.
 #[test]
 fn ray_pools_keep_the_contract_on_a_two_node_cluster() {
     let cluster = RayCluster::start();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--test-threads=1", "on_cluster::"])
-        .env("PYOP_RAY_ADDRESS", &cluster.address)
-        .env("PYOP_RAY_CONTROL", &cluster.control)
-        .env("PYOP_RAY_POOLS", "ray_named")
-        .env("PYOP_HOT_RELOAD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
+    let run = |args: &[&str]| {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--test-threads=1"])
+            .args(args)
+            .env("PYOP_RAY_ADDRESS", &cluster.address)
+            .env("PYOP_RAY_CONTROL", &cluster.control)
+            .env("PYOP_RAY_POOLS", "ray_named")
+            .env("PYOP_HOT_RELOAD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        println!("{text}");
+        (out.status.success(), text)
+    };
+    let mut runs = vec![(run(&["on_cluster::"]), "on_cluster", SUBJECTS)];
+    for alone in ALONE {
+        let name = format!("alone_on_cluster::{alone}");
+        runs.push((
+            run(&["--exact", &name]),
+            "alone_on_cluster",
+            std::slice::from_ref(alone),
+        ));
+    }
     let session = cluster.session.clone();
     drop(cluster);
-    // (Ray's own log lines may come between a test's name and its `ok`.)
-    assert!(out.status.success(), "{text}");
-    for subject in SUBJECTS {
-        assert!(
-            text.contains(&format!("test on_cluster::{subject} ... ")),
-            "on_cluster::{subject} did not run:\n{text}"
-        );
+    for ((ok, text), module, subjects) in &runs {
+        // (Ray's own log lines may come between a test's name and its `ok`.)
+        assert!(ok, "{text}");
+        for subject in subjects.iter() {
+            assert!(
+                text.contains(&format!("test {module}::{subject} ... ")),
+                "{module}::{subject} did not run:\n{text}"
+            );
+        }
+        let passed = format!("test result: ok. {} passed; 0 failed", subjects.len());
+        assert!(text.contains(&passed), "not every subject passed:\n{text}");
     }
-    let passed = format!("test result: ok. {} passed; 0 failed", SUBJECTS.len());
-    assert!(text.contains(&passed), "not every subject passed:\n{text}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_naming(&session).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -130,7 +151,7 @@ fn ray_pools_keep_the_contract_on_a_two_node_cluster() {
     );
 }
 
-/// Every test of `on_cluster`, which the parent test runs and expects to pass.
+/// Every test of `on_cluster`, which the parent test runs in one process and expects to pass.
 const SUBJECTS: &[&str] = &[
     "actors_spread_over_both_nodes_and_any_spelling_of_the_address_joins",
     "tables_threads_and_batches_are_exact",
@@ -142,9 +163,10 @@ const SUBJECTS: &[&str] = &[
     "hot_reload_reaches_every_actor",
     "a_removed_node_fails_its_call_and_a_new_one_serves",
     "programs_end_cleanly",
-    "pools_change_nothing_else",
-    "pools_start_from_any_thread",
 ];
+
+/// Every test of `alone_on_cluster`, each run in a process of its own.
+const ALONE: &[&str] = &["pools_change_nothing_else", "pools_start_from_any_thread"];
 
 #[py_op(code = "import os\ndef ray_named(x):\n    return x * 2", numpy, workers = 2, pool = "ray_named", tout = f32)]
 fn ray_named(x: &Tensor) -> pyop::Result<Tensor>;
@@ -490,7 +512,7 @@ mod on_cluster {
     use super::*;
 
     /// The cluster's address, from the parent test.
-    fn address() -> String {
+    pub(super) fn address() -> String {
         std::env::var("PYOP_RAY_ADDRESS")
             .expect("run by ray_pools_keep_the_contract_on_a_two_node_cluster")
     }
@@ -1037,6 +1059,16 @@ mod on_cluster {
             let call = s.spawn(|| nap.call(&[Arg::from(&x), Arg::from(30.0)]));
             std::thread::sleep(Duration::from_millis(500));
             assert!(tell("remove").contains("removed"));
+            // The node comes back whatever happens to this test: later ones need both.
+            struct Back;
+            impl Drop for Back {
+                fn drop(&mut self) {
+                    if std::thread::panicking() {
+                        tell("add");
+                    }
+                }
+            }
+            let _back = Back;
             call.join().unwrap().unwrap_err()
         });
         assert_eq!(err.kind(), ErrorKind::WorkerLost, "{err}");
@@ -1075,17 +1107,24 @@ mod on_cluster {
             assert!(out.status.success(), "run {run}: {:?}\n{text}", out.status);
         }
     }
+}
 
-    /// See `ray_pools_change_nothing_else`.
+/// The subjects that need a program that has not used Ray before (the parent test runs each in
+/// a process of its own, on the shared cluster).
+mod alone_on_cluster {
+    use super::on_cluster::address;
+
+    /// See `ray_pools_change_nothing_else`: the state before is taken before any Ray call.
     #[test]
-    #[ignore = "run on one cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
+    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
     fn pools_change_nothing_else() {
         super::ray_pools_change_nothing_else(&address());
     }
 
-    /// See `ray_pools_start_from_any_thread`.
+    /// See `ray_pools_start_from_any_thread`: the declared ops' first start is from a spawned
+    /// thread.
     #[test]
-    #[ignore = "run on one cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
+    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
     fn pools_start_from_any_thread() {
         super::ray_pools_start_from_any_thread(&address());
     }

@@ -286,10 +286,12 @@ struct Method {
     file: Vec<String>,
 }
 
-/// The methods defined away from their type's definition (`impl OpInner { fn x }` in another
-/// file than `struct OpInner`), whose names no other function of the crate has. A call of one
-/// (`op.x(..)`, `OpInner::x(..)`) names no path, so without these the graph would not see that
-/// the caller uses the method's file: a back-edge through a method call would go unnoticed.
+/// The methods defined away from their type's definition (`impl OpInner { pub(crate) fn x }` in
+/// another file than `struct OpInner`), visible to other files, whose names no other function
+/// of the crate has. A call of one (`op.x(..)`, `OpInner::x(..)`) names no path, so without
+/// these the graph would not see that the caller uses the method's file: a back-edge through a
+/// method call would go unnoticed. A type defined in two files (one per platform: `Worker` in
+/// `process.rs` and `unsupported.rs`) has no one home, and its methods are not followed.
 fn spread_methods(texts: &BTreeMap<&Vec<String>, String>) -> Vec<Method> {
     // A type's file, or None where two files define a type by that name.
     let mut defined_in: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
@@ -398,6 +400,8 @@ fn skip_generics(rest: &str) -> &str {
     for (k, c) in rest.char_indices() {
         match c {
             '<' => depth += 1,
+            // The `>` of `->` (`impl<F: Fn() -> u8> Foo<F>`) closes nothing.
+            '>' if rest[..k].ends_with('-') => {}
             '>' => {
                 depth -= 1;
                 if depth == 0 {
@@ -471,7 +475,12 @@ fn fn_names_at_depth_one(body: &str) -> Vec<String> {
             });
         match (next_fn, next_brace) {
             (Some((at, name)), brace) if brace.is_none_or(|b| at < b) => {
-                out.push(name.clone());
+                // Only a method other files can call (`pub`, `pub(crate)`, `pub(super)`): a
+                // private one named as a foreign method (`backward`) would be a false edge.
+                let head = rest[..at].rsplit(['}', ';', '{']).next().unwrap_or("");
+                if head.contains("pub") {
+                    out.push(name.clone());
+                }
                 rest = &rest[at + 3 + name.len()..];
             }
             (_, Some(b)) => {
@@ -696,22 +705,30 @@ fn the_checker_sees_calls_of_methods_defined_away_from_their_type() {
         ("op", "pub(crate) struct Inner { n: u8 }\nimpl Inner {\n    fn here(&self) {}\n}\n"),
         (
             "op::run",
-            "use super::Inner;\nimpl Inner {\n    pub(crate) fn far_away(&self, x: &str) -> String {\n        format!(\"{x}{{\")\n    }\n    fn new_len(&self) {}\n}\nimpl std::fmt::Debug for Inner {\n    fn fmt(&self) {}\n}\n#[pymethods]\nimpl Inner {\n    fn from_python(&self) {}\n}\n",
+            "use super::Inner;\nimpl Inner {\n    pub(crate) fn far_away(&self, x: &str) -> String {\n        format!(\"{x}{{\")\n    }\n    pub fn new_len(&self) {}\n    fn private_one(&self) {}\n}\nimpl<F: Fn() -> u8> Inner<F> {\n    pub fn through_generics(&self) {}\n}\nimpl std::fmt::Debug for Inner {\n    fn fmt(&self) {}\n}\n#[pymethods]\nimpl Inner {\n    fn from_python(&self) {}\n}\n",
         ),
         ("op::call", "fn go(op: &Inner) { op.far_away(\"a\"); op.here(); op.from_python(); }\nfn new_len() {}\n"),
         ("op::other", "fn f(v: Vec<u8>) { v.new_len(); }\n"),
     ];
     let texts: BTreeMap<Vec<String>, String> = files.iter().map(|(k, v)| (m(k), code(v))).collect();
     let texts: BTreeMap<&Vec<String>, String> = texts.iter().map(|(k, v)| (k, v.clone())).collect();
-    // `far_away` only: `here` is in the type's own file, `new_len` is not a unique name, `fmt`
-    // belongs to a trait, and `from_python` to Python's view of the class.
+    // `far_away` and `through_generics` only: `here` is in the type's own file, `new_len` is not
+    // a unique name, `private_one` is private to its file, `fmt` belongs to a trait, and
+    // `from_python` to Python's view of the class.
     assert_eq!(
         spread_methods(&texts),
-        [Method {
-            ty: "Inner".into(),
-            name: "far_away".into(),
-            file: m("op::run"),
-        }]
+        [
+            Method {
+                ty: "Inner".into(),
+                name: "far_away".into(),
+                file: m("op::run"),
+            },
+            Method {
+                ty: "Inner".into(),
+                name: "through_generics".into(),
+                file: m("op::run"),
+            }
+        ]
     );
     // The method's file uses the caller's (a path), the caller calls the method: a cycle.
     let mut texts = texts;

@@ -14,7 +14,9 @@ use std::future::Future;
 
 use candle_core::{Device, Tensor};
 
-use super::{forward, worker_call, CallOptions, PyOp};
+#[cfg(target_os = "linux")]
+use super::{forward, worker_call};
+use super::{CallOptions, PyOp};
 use crate::arg::{Arg, OwnedArgs};
 use crate::bridge::outputs::Outputs;
 use crate::error::Result;

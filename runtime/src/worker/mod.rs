@@ -3,7 +3,8 @@
 //! crashes or hangs in C code fails only its own call, and a time limit always holds (the worker
 //! is killed).
 //!
-//! Plain Rust: the pool (here), the processes (`process`), the one protocol (`protocol`), what a
+//! Plain Rust: the pool (here), a worker's OS process (`proc`: started, killed, reaped) and the
+//! conversation with it (`process`), the one protocol (`protocol`), what a
 //! call and a start say in Rust (`exchange`), shared memory (`arena`) and the frames on the socket
 //! (`wire`); the Python a worker runs is in `python/` (its text exported by `python`). Turning
 //! replies into tensors and errors is the bridge's (`bridge::shared`), and the call itself the

@@ -98,6 +98,16 @@ pub(crate) struct Process {
     reaped: bool,
 }
 
+impl Drop for Process {
+    fn drop(&mut self) {
+        // Killed with the processes its bodies started, and reaped: no zombie, no orphan (also
+        // for a worker that already exited: its group may outlive it). A worker holds nothing to
+        // save (module state is the body's, as in the program, where nothing runs at exit
+        // either). (A `Worker` drops its process before its socket: its first field after ids.)
+        self.kill();
+    }
+}
+
 impl Process {
     /// Starts the program's interpreter on `theirs` (fd 3), the guardian pipe's read end as fd
     /// 4, in a process group of its own, with `env` set, from the spawner thread.

@@ -643,13 +643,3 @@ impl Worker {
 fn unexpected_text(reply: &Reply, doing: &str) -> String {
     format!("sent a `{}` reply to {doing}", reply.kind())
 }
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Killed with the processes its bodies started, and reaped: no zombie, no orphan (also
-        // for a worker that already exited: its group may outlive it). A worker holds nothing to
-        // save (module state is the body's, as in the program, where nothing runs at exit
-        // either).
-        self.process.kill();
-    }
-}
