@@ -166,9 +166,9 @@ for m in map(json.loads, sys.stdin):
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
-    step "doc tests" nice -n 5 env RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" \
+    step "doc tests" nice -n 10 env RUSTDOCFLAGS="-C link-arg=-Wl,-rpath,$libdir" \
       cargo test --workspace --doc
-    step "cargo doc -D warnings" nice -n 5 env RUSTDOCFLAGS="-D warnings" \
+    step "cargo doc -D warnings" nice -n 10 env RUSTDOCFLAGS="-D warnings" \
       cargo doc --workspace --no-deps
     # The repository's Python bodies against the `pyop` stub (build/pyop.pyi): a name or an
     # argument count the module does not have is an error. Then every file embedded in the
@@ -198,7 +198,7 @@ for m in map(json.loads, sys.stdin):
     # (no nvcc here) and run from a temp folder with a clean environment, as scripts/gpu-run.sh
     # runs it there: it builds, stays under 64 MiB, and its CPU cases pass.
     step "GPU kit (CPU build, verified)" \
-      nice -n 5 env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" \
+      nice -n 10 env PYTHON312="$("$python" -c 'import sys; print(sys.executable)')" \
       scripts/gpu-kit.sh --cpu --verify
     step "Ray contract test (what is left of it)" ray_done
     ;;

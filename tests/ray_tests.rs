@@ -161,12 +161,15 @@ const SUBJECTS: &[&str] = &[
     "starts_never_wait_and_dropped_ops_unload",
     "declared_ops_validate_and_take_gradients_there",
     "hot_reload_reaches_every_actor",
-    "a_removed_node_fails_its_call_and_a_new_one_serves",
     "programs_end_cleanly",
 ];
 
-/// Every test of `alone_on_cluster`, each run in a process of its own.
-const ALONE: &[&str] = &["pools_change_nothing_else", "pools_start_from_any_thread"];
+/// Every test of `alone_on_cluster`, each run in a process of its own, in this order.
+const ALONE: &[&str] = &[
+    "pools_change_nothing_else",
+    "pools_start_from_any_thread",
+    "a_removed_node_fails_its_call_and_a_new_one_serves",
+];
 
 #[py_op(code = "import os\ndef ray_named(x):\n    return x * 2", numpy, workers = 2, pool = "ray_named", tout = f32)]
 fn ray_named(x: &Tensor) -> pyop::Result<Tensor>;
@@ -519,7 +522,7 @@ mod on_cluster {
 
     /// Tells the cluster's helper `command` (`remove`, `add`) through its control socket, and
     /// returns its answer.
-    fn tell(command: &str) -> String {
+    pub(super) fn tell(command: &str) -> String {
         use std::io::Write;
         let path = std::env::var("PYOP_RAY_CONTROL").unwrap();
         let mut sock = std::os::unix::net::UnixStream::connect(path).unwrap();
@@ -533,7 +536,7 @@ mod on_cluster {
         pyop::RayPool::new(n).address(address()).num_cpus(0.5)
     }
 
-    fn x() -> Tensor {
+    pub(super) fn x() -> Tensor {
         Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap()
     }
 
@@ -1033,10 +1036,58 @@ mod on_cluster {
         }
     }
 
-    /// A node removed during a call fails that call as `WorkerLost`; with a node back, the next
-    /// call succeeds.
+    /// A program that used a Ray pool exits cleanly however it ends, whatever its threads are
+    /// doing, also right after an actor was killed on a time limit.
     #[test]
     #[ignore = "run on one cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
+    fn programs_end_cleanly() {
+        // A program that used a Ray pool exits cleanly however it ends, whatever its threads are
+        // doing, also right after an actor was killed on a time limit.
+        let runs = std::env::var("PYOP_RAY_ENDING_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        ray_programs_end_cleanly(runs);
+        for run in 0..2 {
+            let out = Command::new(std::env::current_exe().unwrap())
+                .args(["--ignored", "--exact", "ray_exit_child", "--nocapture"])
+                .env("RAY_EXIT_KILL", if run % 2 == 1 { "1" } else { "" })
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(text.contains("running 1 test\n"), "{text}");
+            assert!(out.status.success(), "run {run}: {:?}\n{text}", out.status);
+        }
+    }
+}
+
+/// The subjects that need a program that has not used Ray before (the parent test runs each in
+/// a process of its own, on the shared cluster).
+mod alone_on_cluster {
+    use super::on_cluster::{address, tell, x};
+    use super::*;
+
+    /// See `ray_pools_change_nothing_else`: the state before is taken before any Ray call.
+    #[test]
+    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
+    fn pools_change_nothing_else() {
+        super::ray_pools_change_nothing_else(&address());
+    }
+
+    /// See `ray_pools_start_from_any_thread`: the declared ops' first start is from a spawned
+    /// thread.
+    #[test]
+    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
+    fn pools_start_from_any_thread() {
+        super::ray_pools_start_from_any_thread(&address());
+    }
+
+    /// A node removed during a call fails that call as `WorkerLost`; with a node back, the next
+    /// call succeeds. (Last, in a process of its own: the tests before it have the cluster as it
+    /// started; a node added again was once declared dead under load while a later test used it.)
+    #[test]
+    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
     fn a_removed_node_fails_its_call_and_a_new_one_serves() {
         let x = x();
         // A node removed during a call: the call fails as `WorkerLost`; with a node back, the next
@@ -1081,52 +1132,6 @@ mod on_cluster {
         );
         assert_eq!(on_extra.stats().lost, 1);
         drop(on_extra);
-    }
-
-    /// A program that used a Ray pool exits cleanly however it ends, whatever its threads are
-    /// doing, also right after an actor was killed on a time limit.
-    #[test]
-    #[ignore = "run on one cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
-    fn programs_end_cleanly() {
-        // A program that used a Ray pool exits cleanly however it ends, whatever its threads are
-        // doing, also right after an actor was killed on a time limit.
-        let runs = std::env::var("PYOP_RAY_ENDING_RUNS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2);
-        ray_programs_end_cleanly(runs);
-        for run in 0..2 {
-            let out = Command::new(std::env::current_exe().unwrap())
-                .args(["--ignored", "--exact", "ray_exit_child", "--nocapture"])
-                .env("RAY_EXIT_KILL", if run % 2 == 1 { "1" } else { "" })
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-            assert!(text.contains("running 1 test\n"), "{text}");
-            assert!(out.status.success(), "run {run}: {:?}\n{text}", out.status);
-        }
-    }
-}
-
-/// The subjects that need a program that has not used Ray before (the parent test runs each in
-/// a process of its own, on the shared cluster).
-mod alone_on_cluster {
-    use super::on_cluster::address;
-
-    /// See `ray_pools_change_nothing_else`: the state before is taken before any Ray call.
-    #[test]
-    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
-    fn pools_change_nothing_else() {
-        super::ray_pools_change_nothing_else(&address());
-    }
-
-    /// See `ray_pools_start_from_any_thread`: the declared ops' first start is from a spawned
-    /// thread.
-    #[test]
-    #[ignore = "run alone on the cluster by ray_pools_keep_the_contract_on_a_two_node_cluster"]
-    fn pools_start_from_any_thread() {
-        super::ray_pools_start_from_any_thread(&address());
     }
 }
 
