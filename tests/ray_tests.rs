@@ -96,7 +96,7 @@ fn processes_naming(needle: &str) -> Vec<u32> {
 /// and exception tables, exact results from 8 threads, time limits, an actor killed or a node
 /// removed mid-call failing only that call, gradients, hot reload, validation, programs that
 /// end cleanly. The cluster is started here and shared: the subjects of `on_cluster`, each a
-/// test of its own, run in one child process, and those of `alone_on_cluster` (which need a
+/// test of its own, run in one child process, and those of `alone` (which need a
 /// program that has not used Ray yet) each in a process of its own; once the cluster stops,
 /// nothing of it is left behind.
 #[test]
@@ -119,10 +119,10 @@ fn ray_pools_keep_the_contract_on_a_two_node_cluster() {
     };
     let mut runs = vec![(run(&["on_cluster::"]), "on_cluster", SUBJECTS)];
     for alone in ALONE {
-        let name = format!("alone_on_cluster::{alone}");
+        let name = format!("alone::{alone}");
         runs.push((
             run(&["--exact", &name]),
-            "alone_on_cluster",
+            "alone",
             std::slice::from_ref(alone),
         ));
     }
@@ -164,7 +164,7 @@ const SUBJECTS: &[&str] = &[
     "programs_end_cleanly",
 ];
 
-/// Every test of `alone_on_cluster`, each run in a process of its own, in this order.
+/// Every test of `alone`, each run in a process of its own, in this order.
 const ALONE: &[&str] = &[
     "pools_change_nothing_else",
     "pools_start_from_any_thread",
@@ -1064,7 +1064,7 @@ mod on_cluster {
 
 /// The subjects that need a program that has not used Ray before (the parent test runs each in
 /// a process of its own, on the shared cluster).
-mod alone_on_cluster {
+mod alone {
     use super::on_cluster::{address, tell, x};
     use super::*;
 
