@@ -24,6 +24,7 @@ use crate::python::timeout::run_limited;
 use crate::spec::Mode;
 
 /// One body call: of one call, or of a batch of `batch` calls (`op::batch`).
+#[inline]
 pub(crate) fn call(
     op: &Arc<OpInner>,
     args: &[Arg<'_>],
