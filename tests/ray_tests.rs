@@ -561,14 +561,7 @@ mod on_cluster {
     fn actors_spread_over_both_nodes_and_any_spelling_of_the_address_joins() {
         let x = x();
         // A pool of 2 actors, started side by side: one on each node (`SPREAD`).
-        let pool = WorkerPool::ray(spec(2));
-        let double = ray_op(
-            &pool,
-            "double",
-            "def f(x, k):\n    return x * 2 + k",
-            &[OutSpec::new(DType::F32)],
-        );
-        double.start_workers().unwrap();
+        let (pool, _double) = doubling(2);
         let nodes: std::collections::HashSet<String> =
             pool.ray_actors().into_iter().map(|a| a.node).collect();
         assert_eq!(nodes.len(), 2, "{:?}", pool.ray_actors());
