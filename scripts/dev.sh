@@ -132,29 +132,64 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
       step "in-process tests" cargo test --workspace --lib "${inprocess[@]}"
       exit 0
     fi
-    # Every test and bench (as a test); the examples are built and run by tests/examples_tests.rs
-    # (`--all-targets` would also build each example a second time, as a test harness). The Ray
-    # contract test (a two-node cluster of this machine, ~2 minutes of mostly waiting) runs apart,
-    # beside the steps after this one, which compile and check but time nothing (the compiling
-    # ones at a lower priority: the Ray test has bounds of its own, 10 s and more); the tests here
-    # include timing bounds and run without it.
+    # Every test and bench (as a test), built once. The examples are built here as
+    # tests/examples_tests.rs builds them (`--all-targets` would also build each example a second
+    # time, as a test harness), so that its own `cargo build` finds nothing to do.
     ray_test=ray_pools_keep_the_contract_on_a_two_node_cluster
-    step "cargo test (every test, example and bench)" \
-      cargo test --workspace --lib --bins --tests --benches -- --skip "$ray_test"
+    built_json=$(mktemp)
+    build_tests() {
+      cargo build --quiet -p pyop --examples
+      cargo test --workspace --lib --bins --tests --benches --no-run \
+        --message-format=json-render-diagnostics >"$built_json"
+    }
+    step "build the tests, benches and examples" build_tests
+    # The test files' binaries, by name (`name path`).
+    built=$(.venv/bin/python -c 'import json, sys
+for m in map(json.loads, open(sys.argv[1])):
+    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["test"] and m.get("executable"):
+        print(m["target"]["name"], m["executable"])' "$built_json")
+    rm -f "$built_json"
+    # Two lanes. The tests that mostly compile (trybuild's compile-fail cases, in a target folder
+    # of its own, and the README's crate, built for two Pythons apart from the workspace's
+    # artifacts: tests/user_crate.rs) run in the background at a lower priority, beside the rest,
+    # which mostly wait (on workers, child processes, Python) and leave a CPU idle. The Ray
+    # contract test (a two-node cluster of this machine, ~2 minutes of mostly waiting) runs
+    # apart, after them, beside the steps after this one, which compile and check but time
+    # nothing (the compiling ones at a lower priority: the Ray test has bounds of its own, 10 s
+    # and more); the tests here include timing bounds and run without it.
+    compiling=(ui user_crate)
+    rest=()
+    while read -r name _; do
+      [[ " ${compiling[*]} " == *" $name "* ]] || rest+=(--test "$name")
+    done <<<"$built"
+    compiling_log=$(mktemp)
+    setsid nice -n 10 sh -c 'cargo test --workspace --test ui && cargo test --workspace --test user_crate' \
+      >"$compiling_log" 2>&1 &
+    compiling_pid=$!
+    compiling_started=$SECONDS
+    trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
+          [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
+          rm -f "$release_log" "$compiling_log"; report' EXIT
+    compiling_done() {
+      local rc=0
+      wait "$compiling_pid" || rc=$?
+      compiling_pid=
+      cat "$compiling_log"
+      echo "(trybuild and the user crate took $((SECONDS - compiling_started)) s, beside the tests)"
+      return "$rc"
+    }
+    step "cargo test (every test and bench but these)" \
+      cargo test --workspace --lib --bins --benches "${rest[@]}" -- --skip "$ray_test"
     # The test binary itself (a second cargo would wait for the build lock the steps below take).
-    # (`--workspace` as above: the same features, so the same build, not a second one.)
-    ray_bin=$(cargo test --workspace --test ray_tests --no-run --message-format=json 2>/dev/null \
-      | .venv/bin/python -c 'import json, sys
-for m in map(json.loads, sys.stdin):
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ray_tests" and m.get("executable"):
-        print(m["executable"])')
+    ray_bin=$(awk '$1 == "ray_tests" { print $2 }' <<<"$built")
     ray_log=$(mktemp)
     setsid "$ray_bin" --exact "$ray_test" >"$ray_log" 2>&1 &
     ray_pid=$!
     ray_started=$SECONDS
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
+          [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
           [ -z "${ray_pid:-}" ] || kill -- -"$ray_pid" 2>/dev/null || true
-          rm -f "$release_log" "$ray_log"; report' EXIT
+          rm -f "$release_log" "$compiling_log" "$ray_log"; report' EXIT
     ray_done() {
       local rc=0
       wait "$ray_pid" || rc=$?
@@ -163,6 +198,7 @@ for m in map(json.loads, sys.stdin):
       echo "(the Ray test took $((SECONDS - ray_started)) s, beside the steps above)"
       return "$rc"
     }
+    step "cargo test: trybuild, the user crate (the rest)" compiling_done
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')

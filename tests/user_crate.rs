@@ -8,8 +8,12 @@
 //! a shared library (pinned with `PYO3_PYTHON`, as the README says), where the machine has one.
 //! Both build in the workspace's target folder with the profile the guide recommends (the
 //! workspace's own: line tables only, no debug info for dependencies), so the dependencies the
-//! workspace built are reused; the second Python rebuilds the pyo3 family and pyop, and the
-//! default one runs last, leaving them as the workspace built them. Step 4's `pip install numpy`
+//! workspace built are reused. What depends on the Python (the pyo3 family, NumPy's bindings and
+//! pyop) each run builds apart, under a hash of its own ([`apart`]): a build for another
+//! interpreter, or for the same one found another way (no `VIRTUAL_ENV`), would otherwise
+//! replace the workspace's, and the workspace's next `cargo` would build them again, as would
+//! this test's next run. So this test can run beside the workspace's other tests (CI does).
+//! Step 4's `pip install numpy`
 //! installs the wheel `scripts/dev.sh` keeps in `target/wheels` where it fits the Python (no
 //! network inside `cargo test`), else from PyPI.
 
@@ -154,6 +158,7 @@ fn user_crate(tag: &str, exe: Option<&Path>, version: &str, work: &Path) {
         let mut cmd = clean(Command::new(&cargo));
         cmd.args(args)
             .args(PROFILE)
+            .args(apart(tag))
             .current_dir(&app)
             .env("CARGO_TARGET_DIR", &target);
         // CI builds without incremental caches; the same setting keeps pyop's own artifacts.
@@ -234,6 +239,20 @@ const PROFILE: [&str; 4] = [
     "--config",
     "profile.dev.package.\"*\".debug=false",
 ];
+
+/// The setting that gives each run's Python-dependent crates a hash of their own: the codegen
+/// units of `pyo3-build-config`, which finds the interpreter and which the rest of the pyo3
+/// family, NumPy's bindings and pyop depend on (a profile setting is part of a crate's hash, and
+/// so of every crate above it; candle and the other dependencies keep the workspace's). One
+/// value per run (255 for the default Python, 254 for the second), none the workspace's (256,
+/// cargo's default).
+fn apart(tag: &str) -> [String; 2] {
+    let units = if tag == "default" { 255 } else { 254 };
+    [
+        "--config".to_owned(),
+        format!("profile.dev.package.pyo3-build-config.codegen-units={units}"),
+    ]
+}
 
 /// The target folder this test was built in (`target/debug/deps/user_crate-…`).
 fn workspace_target() -> PathBuf {
@@ -394,8 +413,6 @@ fn main() {
 
     let default = shared_python(Path::new("python3"))
         .expect("the default python3 is built as a shared library (scripts/dev.sh checks it)");
-    // The other Python first: the default one then leaves the shared target folder's pyo3 as
-    // the workspace built it.
     match second_python(&default) {
         Some((exe, version)) => {
             let tag = format!("py{}", major_minor(&version));
