@@ -15,6 +15,15 @@ fn main() {
         }
     }
     pyo3_build_config::add_libpython_rpath_link_args();
+    // pyop's own test, example and bench binaries each link candle and libpython (about 40 MB,
+    // a quarter of it debug sections): with those compressed (zlib; backtraces and debuggers
+    // read them so) CI's target folder is about 200 MB smaller. Only these targets of this
+    // package: a crate that uses pyop gets none of it.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        for targets in ["tests", "examples", "benches"] {
+            println!("cargo:rustc-link-arg-{targets}=-Wl,--compress-debug-sections=zlib");
+        }
+    }
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     println!("cargo:rerun-if-env-changed=PYO3_CONFIG_FILE");
     println!("cargo:rerun-if-changed=build.rs");

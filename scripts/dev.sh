@@ -163,10 +163,12 @@ for m in map(json.loads, open(sys.argv[1])):
       [[ " ${compiling[*]} " == *" $name "* ]] || rest+=(--test "$name")
     done <<<"$built"
     compiling_log=$(mktemp)
-    setsid nice -n 10 sh -c 'cargo test --workspace --test ui && cargo test --workspace --test user_crate' \
-      >"$compiling_log" 2>&1 &
+    setsid nice -n 10 sh -c 'started=$(date +%s)
+      cargo test --workspace --test ui && cargo test --workspace --test user_crate
+      rc=$?
+      echo "(trybuild and the user crate took $(($(date +%s) - started)) s, beside the tests)"
+      exit $rc' >"$compiling_log" 2>&1 &
     compiling_pid=$!
-    compiling_started=$SECONDS
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
           [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
           rm -f "$release_log" "$compiling_log"; report' EXIT
@@ -175,7 +177,6 @@ for m in map(json.loads, open(sys.argv[1])):
       wait "$compiling_pid" || rc=$?
       compiling_pid=
       cat "$compiling_log"
-      echo "(trybuild and the user crate took $((SECONDS - compiling_started)) s, beside the tests)"
       return "$rc"
     }
     step "cargo test (every test and bench but these)" \
