@@ -199,7 +199,7 @@ for m in map(json.loads, open(sys.argv[1])):
       echo "(the Ray test took $((SECONDS - ray_started)) s, beside the steps above)"
       return "$rc"
     }
-    step "cargo test: trybuild, the user crate (the rest)" compiling_done
+    step "trybuild, the user crate (what is left)" compiling_done
     # Doc tests link as the crates' own tests do, with an rpath to the libpython built against
     # (cargo passes a build script's link arguments to the doc tests of its own package only).
     libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
