@@ -148,6 +148,13 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
 for m in map(json.loads, open(sys.argv[1])):
     if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["test"] and m.get("executable"):
         print(m["target"]["name"], m["executable"])' "$built_json")
+    # Every file of that build, for tests/user_crate.rs: its builds must leave them alone.
+    artifacts=$(mktemp)
+    .venv/bin/python -c 'import json, sys
+for m in map(json.loads, open(sys.argv[1])):
+    if m.get("reason") == "compiler-artifact":
+        print("\n".join(m["filenames"] + ([m["executable"]] if m.get("executable") else [])))' \
+      "$built_json" >"$artifacts"
     rm -f "$built_json"
     # Two lanes. The tests that mostly compile (trybuild's compile-fail cases, in a target folder
     # of its own, and the README's crate, built for two Pythons apart from the workspace's
@@ -163,7 +170,7 @@ for m in map(json.loads, open(sys.argv[1])):
       [[ " ${compiling[*]} " == *" $name "* ]] || rest+=(--test "$name")
     done <<<"$built"
     compiling_log=$(mktemp)
-    setsid nice -n 10 sh -c 'started=$(date +%s)
+    PYOP_TEST_WORKSPACE_ARTIFACTS=$artifacts setsid nice -n 10 sh -c 'started=$(date +%s)
       cargo test --workspace --test ui && cargo test --workspace --test user_crate
       rc=$?
       echo "(trybuild and the user crate took $(($(date +%s) - started)) s, beside the tests)"
@@ -171,7 +178,7 @@ for m in map(json.loads, open(sys.argv[1])):
     compiling_pid=$!
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
           [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
-          rm -f "$release_log" "$compiling_log"; report' EXIT
+          rm -f "$release_log" "$compiling_log" "$artifacts"; report' EXIT
     compiling_done() {
       local rc=0
       wait "$compiling_pid" || rc=$?
@@ -190,7 +197,7 @@ for m in map(json.loads, open(sys.argv[1])):
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
           [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
           [ -z "${ray_pid:-}" ] || kill -- -"$ray_pid" 2>/dev/null || true
-          rm -f "$release_log" "$compiling_log" "$ray_log"; report' EXIT
+          rm -f "$release_log" "$compiling_log" "$artifacts" "$ray_log"; report' EXIT
     ray_done() {
       local rc=0
       wait "$ray_pid" || rc=$?

@@ -406,6 +406,7 @@ fn pinned_environment(
 }
 
 fn main() {
+    let before = artifacts();
     let work = std::env::temp_dir().join(format!("pyop-user-crate-{}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
     // The repository's path must not be an ancestor: the crate is outside the workspace.
@@ -425,4 +426,47 @@ fn main() {
     }
     user_crate("default", None, &default, &work);
     let _ = std::fs::remove_dir_all(&work);
+    untouched(before);
+}
+
+/// The workspace's artifacts (every file its test build made or found fresh, as `scripts/dev.sh`
+/// lists them from cargo's messages in the file `PYOP_TEST_WORKSPACE_ARTIFACTS`), each with when
+/// it was last written. `None` where that list is not given (this test run alone).
+fn artifacts() -> Option<Vec<(PathBuf, std::time::SystemTime)>> {
+    let list = std::env::var_os("PYOP_TEST_WORKSPACE_ARTIFACTS")?;
+    let text = std::fs::read_to_string(&list)
+        .unwrap_or_else(|e| panic!("{}: {e}", Path::new(&list).display()));
+    let files: Vec<_> = text
+        .lines()
+        .filter_map(|l| {
+            let when = std::fs::metadata(l).ok()?.modified().ok()?;
+            Some((PathBuf::from(l), when))
+        })
+        .collect();
+    assert!(files.len() > 10, "the workspace's artifacts, from {list:?}");
+    Some(files)
+}
+
+/// No artifact of the workspace's was written again or removed by the user crate's builds:
+/// they make their own (`apart`), so the tests running beside this one, and the workspace's
+/// next `cargo`, find the workspace's as they left them.
+fn untouched(before: Option<Vec<(PathBuf, std::time::SystemTime)>>) {
+    let Some(before) = before else {
+        println!(
+            "note: PYOP_TEST_WORKSPACE_ARTIFACTS not set (scripts/dev.sh sets it): whether the \
+             workspace's artifacts were left alone is not checked"
+        );
+        return;
+    };
+    let changed: Vec<_> = before
+        .iter()
+        .filter(|(path, when)| {
+            std::fs::metadata(path).and_then(|m| m.modified()).ok() != Some(*when)
+        })
+        .map(|(path, _)| path.display().to_string())
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the user crate's builds wrote over the workspace's artifacts: {changed:#?}"
+    );
 }
