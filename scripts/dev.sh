@@ -94,12 +94,16 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
     # compiles from the start beside the other steps, at a lower priority: cargo locks
     # target/debug and target/release apart, and clippy's and the debug build's serial phases,
     # the tests waiting on workers and child processes, and mypy leave CPUs idle.
+    # `"${low[@]}" CMD... &`: CMD in a session of its own (its pid, `$!`, is its process group:
+    # ending that ends everything it started) at a lower priority. A new session is a scheduling
+    # group of its own where the kernel groups by session (autogroup, on by default): CPUs are
+    # shared between groups first and `nice` counts only inside one, so the group is made nice
+    # too (with `setsid nice` alone the lane had half the CPUs against the tests).
+    low=(setsid sh -c 'echo 10 >/proc/self/autogroup 2>/dev/null; exec nice -n 10 "$@"' low)
     if [ -z "$quick" ]; then
-      # In a process group of its own, so that ending it (the script failed or was interrupted)
-      # ends its compilers too.
       release_log=$(mktemp)
       # (What the GPU kit's CPU build below builds too: its step then only packs and runs it.)
-      setsid nice -n 10 cargo build --release --test hardening --test in_process --example gpu \
+      "${low[@]}" cargo build --release --test hardening --test in_process --example gpu \
         --bench summary >"$release_log" 2>&1 &
       release_pid=$!
       trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null || true
@@ -138,17 +142,17 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
     ray_test=ray_pools_keep_the_contract_on_a_two_node_cluster
     built_json=$(mktemp)
     build_tests() {
-      cargo build --quiet -p pyop --examples
+      cargo build -p pyop --examples --message-format=json-render-diagnostics >"$built_json"
       cargo test --workspace --lib --bins --tests --benches --no-run \
-        --message-format=json-render-diagnostics >"$built_json"
+        --message-format=json-render-diagnostics >>"$built_json"
     }
     step "build the tests, benches and examples" build_tests
-    # The test files' binaries, by name (`name path`).
+    # The test files' binaries, by name (`name<TAB>path`).
     built=$(.venv/bin/python -c 'import json, sys
 for m in map(json.loads, open(sys.argv[1])):
     if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["test"] and m.get("executable"):
-        print(m["target"]["name"], m["executable"])' "$built_json")
-    # Every file of that build, for tests/user_crate.rs: its builds must leave them alone.
+        print(m["target"]["name"], m["executable"], sep="\t")' "$built_json")
+    # Every file of those builds, for tests/user_crate.rs: its builds must leave them alone.
     artifacts=$(mktemp)
     .venv/bin/python -c 'import json, sys
 for m in map(json.loads, open(sys.argv[1])):
@@ -166,18 +170,26 @@ for m in map(json.loads, open(sys.argv[1])):
     # and more); the tests here include timing bounds and run without it.
     compiling=(ui user_crate)
     rest=()
-    while read -r name _; do
+    while IFS=$'\t' read -r name _; do
       [[ " ${compiling[*]} " == *" $name "* ]] || rest+=(--test "$name")
     done <<<"$built"
     compiling_log=$(mktemp)
-    PYOP_TEST_WORKSPACE_ARTIFACTS=$artifacts setsid nice -n 10 sh -c 'started=$(date +%s)
+    PYOP_TEST_WORKSPACE_ARTIFACTS=$artifacts "${low[@]}" sh -c 'started=$(date +%s)
       cargo test --workspace --test ui && cargo test --workspace --test user_crate
       rc=$?
       echo "(trybuild and the user crate took $(($(date +%s) - started)) s, beside the tests)"
       exit $rc' >"$compiling_log" 2>&1 &
     compiling_pid=$!
+    # Ended early (a step failed, or an interrupt): the lane is stopped, and what it printed
+    # so far is shown.
+    compiling_stopped() {
+      [ -n "${compiling_pid:-}" ] || return 0
+      kill -- -"$compiling_pid" 2>/dev/null || true
+      echo "--- trybuild and the user crate (stopped), their output so far:"
+      cat "$compiling_log"
+    }
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
-          [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
+          compiling_stopped
           rm -f "$release_log" "$compiling_log" "$artifacts"; report' EXIT
     compiling_done() {
       local rc=0
@@ -189,13 +201,13 @@ for m in map(json.loads, open(sys.argv[1])):
     step "cargo test (every test and bench but these)" \
       cargo test --workspace --lib --bins --benches "${rest[@]}" -- --skip "$ray_test"
     # The test binary itself (a second cargo would wait for the build lock the steps below take).
-    ray_bin=$(awk '$1 == "ray_tests" { print $2 }' <<<"$built")
+    ray_bin=$(awk -F '\t' '$1 == "ray_tests" { print $2 }' <<<"$built")
     ray_log=$(mktemp)
     setsid "$ray_bin" --exact "$ray_test" >"$ray_log" 2>&1 &
     ray_pid=$!
     ray_started=$SECONDS
     trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
-          [ -z "${compiling_pid:-}" ] || kill -- -"$compiling_pid" 2>/dev/null || true
+          compiling_stopped
           [ -z "${ray_pid:-}" ] || kill -- -"$ray_pid" 2>/dev/null || true
           rm -f "$release_log" "$compiling_log" "$artifacts" "$ray_log"; report' EXIT
     ray_done() {

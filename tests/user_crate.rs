@@ -240,18 +240,23 @@ const PROFILE: [&str; 4] = [
     "profile.dev.package.\"*\".debug=false",
 ];
 
-/// The setting that gives each run's Python-dependent crates a hash of their own: the codegen
+/// The settings that give each run's Python-dependent crates a hash of their own: the codegen
 /// units of `pyo3-build-config`, which finds the interpreter and which the rest of the pyo3
-/// family, NumPy's bindings and pyop depend on (a profile setting is part of a crate's hash, and
-/// so of every crate above it; candle and the other dependencies keep the workspace's). One
-/// value per run (255 for the default Python, 254 for the second), none the workspace's (256,
-/// cargo's default).
-fn apart(tag: &str) -> [String; 2] {
+/// family, NumPy's bindings and pyop depend on, and of `pyop-macros`, whose build script reads
+/// the interpreter itself (a profile setting is part of a crate's hash, and so of every crate
+/// above it; candle and the other dependencies keep the workspace's). One value per run (255 for
+/// the default Python, 254 for the second), none the workspace's (256, cargo's default).
+fn apart(tag: &str) -> Vec<String> {
     let units = if tag == "default" { 255 } else { 254 };
-    [
-        "--config".to_owned(),
-        format!("profile.dev.package.pyo3-build-config.codegen-units={units}"),
-    ]
+    ["pyo3-build-config", "pyop-macros"]
+        .into_iter()
+        .flat_map(|package| {
+            [
+                "--config".to_owned(),
+                format!("profile.dev.package.{package}.codegen-units={units}"),
+            ]
+        })
+        .collect()
 }
 
 /// The target folder this test was built in (`target/debug/deps/user_crate-…`).
