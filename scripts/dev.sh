@@ -83,7 +83,25 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
       for s in "${steps[@]}"; do echo "$s"; done
       printf '%-44s %5ds\n' "total" $((SECONDS - started))
     }
-    trap report EXIT
+    # On the way out (also after a failed step or an interrupt): the background jobs still
+    # running are ended (each is a process group: `low` and `setsid` below), the compiling lane's
+    # output so far is shown, the temp files go, and the step times are printed.
+    release_pid= compiling_pid= ray_pid=
+    release_log= built_json= compiling_log= artifacts= ray_log=
+    finish() {
+      local pid
+      for pid in "$release_pid" "$compiling_pid" "$ray_pid"; do
+        [ -z "$pid" ] || kill -- -"$pid" 2>/dev/null || true
+      done
+      if [ -n "$compiling_pid" ]; then
+        echo "--- trybuild and the user crate (stopped), their output so far:"
+        cat "$compiling_log"
+      fi
+      rm -f ${release_log:+"$release_log"} ${built_json:+"$built_json"} \
+        ${compiling_log:+"$compiling_log"} ${artifacts:+"$artifacts"} ${ray_log:+"$ray_log"}
+      report
+    }
+    trap finish EXIT
     step() {
       local name=$1 t0=$SECONDS
       shift
@@ -106,8 +124,6 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
       "${low[@]}" cargo build --release --test hardening --test in_process --example gpu \
         --bench summary >"$release_log" 2>&1 &
       release_pid=$!
-      trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null || true
-            rm -f "$release_log"; report' EXIT
       release_built() {
         local rc=0
         wait "$release_pid" || rc=$?
@@ -147,18 +163,19 @@ print(" ".join(spec for mod, spec in want.items() if u.find_spec(mod) is None))'
         --message-format=json-render-diagnostics >>"$built_json"
     }
     step "build the tests, benches and examples" build_tests
-    # The test files' binaries, by name (`name<TAB>path`).
-    built=$(.venv/bin/python -c 'import json, sys
-for m in map(json.loads, open(sys.argv[1])):
-    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["test"] and m.get("executable"):
-        print(m["target"]["name"], m["executable"], sep="\t")' "$built_json")
-    # Every file of those builds, for tests/user_crate.rs: its builds must leave them alone.
+    # From cargo's messages: the test files' binaries by name (`name<TAB>path`), printed, and
+    # every file of those builds, in $artifacts, for tests/user_crate.rs (its builds must leave
+    # them alone).
     artifacts=$(mktemp)
-    .venv/bin/python -c 'import json, sys
-for m in map(json.loads, open(sys.argv[1])):
-    if m.get("reason") == "compiler-artifact":
-        print("\n".join(m["filenames"] + ([m["executable"]] if m.get("executable") else [])))' \
-      "$built_json" >"$artifacts"
+    built=$(.venv/bin/python -c 'import json, sys
+with open(sys.argv[2], "w") as files:
+    for m in map(json.loads, open(sys.argv[1])):
+        if m.get("reason") != "compiler-artifact":
+            continue
+        exe = m.get("executable")
+        print(*m["filenames"], *([exe] if exe else []), sep="\n", file=files)
+        if exe and m["target"]["kind"] == ["test"]:
+            print(m["target"]["name"], exe, sep="\t")' "$built_json" "$artifacts")
     rm -f "$built_json"
     # Two lanes. The tests that mostly compile (trybuild's compile-fail cases, in a target folder
     # of its own, and the README's crate, built for two Pythons apart from the workspace's
@@ -180,17 +197,6 @@ for m in map(json.loads, open(sys.argv[1])):
       echo "(trybuild and the user crate took $(($(date +%s) - started)) s, beside the tests)"
       exit $rc' >"$compiling_log" 2>&1 &
     compiling_pid=$!
-    # Ended early (a step failed, or an interrupt): the lane is stopped, and what it printed
-    # so far is shown.
-    compiling_stopped() {
-      [ -n "${compiling_pid:-}" ] || return 0
-      kill -- -"$compiling_pid" 2>/dev/null || true
-      echo "--- trybuild and the user crate (stopped), their output so far:"
-      cat "$compiling_log"
-    }
-    trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
-          compiling_stopped
-          rm -f "$release_log" "$compiling_log" "$artifacts"; report' EXIT
     compiling_done() {
       local rc=0
       wait "$compiling_pid" || rc=$?
@@ -206,10 +212,6 @@ for m in map(json.loads, open(sys.argv[1])):
     setsid "$ray_bin" --exact "$ray_test" >"$ray_log" 2>&1 &
     ray_pid=$!
     ray_started=$SECONDS
-    trap '[ -z "${release_pid:-}" ] || kill -- -"$release_pid" 2>/dev/null || true
-          compiling_stopped
-          [ -z "${ray_pid:-}" ] || kill -- -"$ray_pid" 2>/dev/null || true
-          rm -f "$release_log" "$compiling_log" "$artifacts" "$ray_log"; report' EXIT
     ray_done() {
       local rc=0
       wait "$ray_pid" || rc=$?
