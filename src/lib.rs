@@ -77,12 +77,12 @@ pub use pyop_macros::{op, py_op};
 pub use candle_core::Tensor;
 
 pub use pyop_runtime::{
-    expose, gradcheck, manifest_json, op_stats, python_env, registered_op, registered_ops,
-    set_hot_reload, set_timing, validate, validation_report, Arg, Batch, CallOptions, EnvSource,
-    Error, ErrorKind, GradCheck, GradDecl, GradReport, GradientCall, Interpreter, Mode, OpBuilder,
-    OpDecl, OpFuture, OpRef, OpStats, OutSpec, PoolStats, Problem, PyOp, PythonEnv, RayActor,
-    RayPool, Result, RustGradient, Source, SourceDecl, StaticOp, Validate, ValidationReport, Value,
-    WaitStats, WorkerPool,
+    expose, gil_turns, gradcheck, manifest_json, op_stats, python_env, registered_op,
+    registered_ops, set_hot_reload, set_timing, validate, validation_report, Arg, Batch,
+    CallOptions, EnvSource, Error, ErrorKind, GilTurns, GradCheck, GradDecl, GradReport,
+    GradientCall, Interpreter, Mode, OpBuilder, OpDecl, OpFuture, OpRef, OpStats, OutSpec,
+    PoolStats, Problem, PyOp, PythonEnv, RayActor, RayPool, Result, RustGradient, Source,
+    SourceDecl, StaticOp, Validate, ValidationReport, Value, WaitStats, WorkerPool,
 };
 
 /// candle-core 0.11, as pyop uses it: `pyop::candle::{Device, DType, Var, …}`.

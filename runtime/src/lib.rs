@@ -47,7 +47,7 @@ pub use python::exceptions::{error_to_python, OpTimeout, RustError};
 pub use registry::decl::{GradDecl, OpDecl, SourceDecl, StaticOp};
 pub use registry::{op_stats, registered_op, registered_ops};
 pub use spec::{numpy_can_hold, Batch, Mode, OutSpec};
-pub use stats::{set_timing, OpStats};
+pub use stats::{gil_turns, set_timing, GilTurns, OpStats};
 pub use tools::gradcheck::{gradcheck, GradCheck, GradReport};
 pub use tools::manifest::manifest_json;
 pub use tools::validate::{

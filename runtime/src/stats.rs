@@ -40,6 +40,43 @@ pub(crate) fn timing() -> bool {
     }
 }
 
+/// How pyop's op calls took turns on the GIL since the process started (see [`gil_turns`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GilTurns {
+    /// Calls that waited for another thread's turn before they started.
+    pub waits: u64,
+    /// Turns handed over by their owner at the end of a call (asked for by a thread that had
+    /// waited a whole turn, or given up by an owner not calling in a loop).
+    pub handed_over: u64,
+    /// Turns taken by a waiting thread from an owner that started no call for a whole poll
+    /// (inside one long body, or no longer calling).
+    pub taken_over: u64,
+}
+
+/// The counts of [`GilTurns`], kept by the turns themselves (`python::turns`).
+pub(crate) static TURN_WAITS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static TURNS_HANDED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static TURNS_TAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// How op calls have taken turns on the GIL so far: while several threads call at once, one
+/// thread at a time has a turn and makes its calls one after another while the others wait in
+/// pyop (see the guide's chapter on threads). The counts only grow; compare two readings.
+///
+/// ```
+/// let before = pyop::gil_turns();
+/// // ... calls from several threads ...
+/// let waits = pyop::gil_turns().waits - before.waits;
+/// # let _ = waits;
+/// ```
+pub fn gil_turns() -> GilTurns {
+    GilTurns {
+        waits: TURN_WAITS.load(Relaxed),
+        handed_over: TURNS_HANDED.load(Relaxed),
+        taken_over: TURNS_TAKEN.load(Relaxed),
+    }
+}
+
 /// Live counters of one op; read them with [`crate::PyOp::stats`].
 #[derive(Debug, Default)]
 pub(crate) struct Counters {

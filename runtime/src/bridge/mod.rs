@@ -33,7 +33,7 @@ pub(crate) fn with_gil<R>(
     f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
 ) -> Result<R> {
     if READY.load(Ordering::Acquire) {
-        return crate::python::attach(f);
+        return crate::python::attach_in_turn(f);
     }
     env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
     crate::python::attach(|py| {

@@ -15,6 +15,7 @@ pub(crate) mod numpy;
 pub(crate) mod numpy_alloc;
 pub(crate) mod thread_state;
 pub(crate) mod timeout;
+pub(crate) mod turns;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,7 +33,20 @@ thread_local! {
 /// Python thread state between calls (`thread_state`), so a call from any thread costs what it
 /// costs on the main thread.
 pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
-    let _inside = (!thread_state::holds_gil()).then(|| {
+    attach_as(false, f)
+}
+
+/// [`attach`] for an op's call: a thread that does not hold the GIL waits for its turn first
+/// (`turns`), so that threads calling short ops at once take the GIL in long turns.
+pub(crate) fn attach_in_turn<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+    attach_as(true, f)
+}
+
+#[inline(always)]
+fn attach_as<R>(in_turn: bool, f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+    let outer = !thread_state::holds_gil();
+    let _turn = (outer && in_turn).then(turns::take);
+    let _inside = outer.then(|| {
         let _ = TAKEN.try_with(|t| t.set(t.get() + 1));
         thread_state::keep();
         INSIDE.fetch_add(1, Ordering::AcqRel);
