@@ -857,7 +857,10 @@ fn awaited_group(n: usize) -> Vec<(String, Duration)> {
 /// `contended_ident_8threads`: 8 threads call the scalar tensor-mode op at once (after a
 /// barrier), `calls` calls each; every call timed alone. Prints the median, p99 and p999 of the
 /// calls and the calls per second in all: how the GIL is handed over under contention.
-fn contended(threads: usize, calls: usize) -> (Duration, Duration, Duration, f64) {
+/// `contended_gapped_4threads`: 4 threads, each doing `gap` of Rust work (a spin) after each
+/// call, as a server's threads do between calls: how the turns treat threads that do not call in
+/// a loop (the GIL is free most of the time).
+fn contended(threads: usize, calls: usize, gap: Duration) -> (Duration, Duration, Duration, f64) {
     let barrier = std::sync::Barrier::new(threads);
     let started = Instant::now();
     let mut all: Vec<Duration> = std::thread::scope(|s| {
@@ -872,7 +875,11 @@ fn contended(threads: usize, calls: usize) -> (Duration, Duration, Duration, f64
                         .map(|_| {
                             let t = Instant::now();
                             std::hint::black_box(tensor_ident(&x).unwrap());
-                            t.elapsed()
+                            let took = t.elapsed();
+                            while t.elapsed() < took + gap {
+                                std::hint::spin_loop();
+                            }
+                            took
                         })
                         .collect::<Vec<_>>()
                 })
@@ -1295,9 +1302,19 @@ fn main() {
             }
         }
     }
-    let case = "contended_ident_8threads";
-    if wanted(case) {
-        let (p50, p99, p999, per_second) = contended(8, if quick { 5 } else { 5000 });
+    for (case, threads, calls, gap) in [
+        ("contended_ident_8threads", 8, 5000, Duration::ZERO),
+        (
+            "contended_gapped_4threads",
+            4,
+            2000,
+            Duration::from_micros(20),
+        ),
+    ] {
+        if !wanted(case) {
+            continue;
+        }
+        let (p50, p99, p999, per_second) = contended(threads, if quick { 5 } else { calls }, gap);
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         println!(
             "case={case} median_us={:.3} p99_us={:.3} p999_us={:.3} calls_per_s={per_second:.0}",

@@ -16,13 +16,14 @@
 //!   one more at its end).
 //! - Otherwise the thread waits. The first waiter is the *head*: it parks for [`POLL`] at a time
 //!   and looks at the owner; other waiters park in a queue and become the head in turn.
-//! - An owner calling in a loop (back within [`IDLE`] of its last call) keeps its turn while
-//!   others wait, until the head has waited [`TURN`]; then it hands the turn over at the end of
-//!   its call, to the head, woken by pyop with the GIL free for it. An owner that is not calling
-//!   in a loop hands its turn over at the end of each call while others wait, as CPython's GIL
-//!   would. An owner that started no call for a whole poll (it is inside one long body, perhaps
-//!   one that let the GIL go, or it is away) loses the turn to the head: the turn never holds
-//!   anyone back from a GIL that is free for long.
+//! - An owner calling in a loop (back within [`IDLE`] of its last call, or within twice what its
+//!   calls take) keeps its turn while others wait, until the head has waited [`TURN`]; then it
+//!   hands the turn over at the end of its call, to the head, woken by pyop with the GIL free for
+//!   it. An owner that is not calling in a loop lets its turn go at the end of each call while
+//!   others wait, to whoever comes first, as CPython's GIL would. An owner that started no call
+//!   for a whole poll (it is inside one long body, perhaps one that let the GIL go, or it is
+//!   away) loses the turn to the head: the turn never holds anyone back from a GIL that is free
+//!   for long.
 //! - Every park has a time limit, so no wake-up can be lost for good: a turn handed to a thread
 //!   that never takes it (a thread that does not exist in a child after `fork`) is taken from it.
 //! - The turn is advisory, not a lock: a thread holding the GIL (a body calling an op) and a call
@@ -98,9 +99,11 @@ fn started(s: u64, me: u32, was_head: bool) -> u64 {
     (u64::from(me) << 32) | ((s + CALL_ONE) & CALLS) | (s & keep) | BUSY
 }
 
-/// Whether a thread that waits for nobody (it is not in line) may start a call in state `s`.
+/// Whether a thread that is not in line may start a call in state `s`: the turn is its own, or
+/// nobody's, or its owner is between calls and nobody waits.
 fn may_start(s: u64, me: u32) -> bool {
-    s & (BUSY | REQUEST) == 0 && (owner(s) == me || s & (HANDED | HEAD | QUEUED) == 0)
+    s & (BUSY | REQUEST | HANDED) == 0
+        && (owner(s) == me || owner(s) == 0 || s & (HEAD | QUEUED) == 0)
 }
 
 /// Whether a waiting thread may start now: the turn is nobody's, or was handed to it.
@@ -114,8 +117,10 @@ struct Local {
     count: Cell<u8>,
     /// When the call being measured started.
     started_at: Cell<Option<Instant>>,
-    /// How long the last measured call took.
+    /// How long the shorter of the last two measured calls took.
     took: Cell<Duration>,
+    /// How long the last measured call took.
+    last_took: Cell<Duration>,
     /// When the last measured call ended: the next call measures the time out of calls from it.
     ended_at: Cell<Option<Instant>>,
     /// Whether this thread is not calling in a loop (see [`IDLE`]), as last measured.
@@ -129,6 +134,7 @@ thread_local! {
             count: Cell::new(0),
             started_at: Cell::new(None),
             took: Cell::new(Duration::ZERO),
+            last_took: Cell::new(Duration::ZERO),
             ended_at: Cell::new(None),
             gapped: Cell::new(false),
         }
@@ -235,7 +241,8 @@ fn take_contended(me: u32) -> Turn {
 fn measure(l: &Local) {
     let n = l.count.get().wrapping_add(1);
     l.count.set(n);
-    if n % SAMPLE_EVERY == 0 || l.gapped.get() {
+    // The first such call is measured, then one in [`SAMPLE_EVERY`].
+    if n % SAMPLE_EVERY == 1 || l.gapped.get() {
         l.started_at.set(Some(Instant::now()));
     }
 }
@@ -267,7 +274,10 @@ fn ended(me: u32) {
         .try_with(|l| {
             if let Some(started) = l.started_at.take() {
                 let now = Instant::now();
-                l.took.set(now.duration_since(started));
+                // The shorter of the last two: one call delayed (by a CPU it lost, by the GIL
+                // held elsewhere) does not make a loop look like one.
+                let took = now.duration_since(started);
+                l.took.set(took.min(l.last_took.replace(took)));
                 l.ended_at.set(Some(now));
             }
             l.gapped.get()
@@ -278,8 +288,12 @@ fn ended(me: u32) {
         if owner(s) != me || s & BUSY == 0 {
             return; // the turn was taken while this call ran
         }
-        if s & REQUEST != 0 || (gapped && s & (HEAD | QUEUED) != 0) {
+        if s & REQUEST != 0 {
             hand_over(me);
+            return;
+        }
+        if gapped && s & (HEAD | QUEUED) != 0 {
+            give_up(me);
             return;
         }
         if STATE
@@ -308,6 +322,32 @@ fn hand_over(me: u32) {
             }
         }
     }
+}
+
+/// Ends `me`'s call and lets its turn go to whoever comes first, waking the head: an owner that
+/// is not calling in a loop, as CPython's GIL lets go (a turn handed to one thread would wait for
+/// that thread to get a CPU).
+fn give_up(me: u32) {
+    loop {
+        let s = STATE.load(Ordering::Acquire);
+        if owner(s) != me {
+            return;
+        }
+        if STATE
+            .compare_exchange(
+                s,
+                s & (QUEUED | HEAD | CALLS),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            break;
+        }
+    }
+    TURNS_HANDED.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the callback neither panics nor calls into parking_lot_core.
+    unsafe { parking_lot_core::unpark_one(key(&HEAD_KEY), |_| UnparkToken(0)) };
 }
 
 /// Wakes the first thread parked at `at` and makes the turn its own; false if none was parked.
@@ -406,10 +446,9 @@ fn park(at: &'static u8, me: u32, timeout: Duration) -> ParkResult {
 fn wait(me: u32) {
     TURN_WAITS.fetch_add(1, Ordering::Relaxed);
     let mut head = false;
-    // How many polls in a row the head has seen no call start, and since when the owner it waits
-    // on has had the turn.
+    // How many polls in a row the head has seen no call start, and since when it is the head.
     let mut still = 0u32;
-    let mut owner_since = (0u32, Instant::now());
+    let mut head_since = Instant::now();
     loop {
         let s = STATE.load(Ordering::Acquire);
         if may_start_waiting(s, me) || (!head && may_start(s, me)) {
@@ -437,7 +476,7 @@ fn wait(me: u32) {
                 {
                     head = true;
                     still = 0;
-                    owner_since = (owner(s), Instant::now());
+                    head_since = Instant::now();
                 }
                 continue;
             }
@@ -452,10 +491,7 @@ fn wait(me: u32) {
             continue;
         }
         let now = Instant::now();
-        if owner(s) != owner_since.0 {
-            owner_since = (owner(s), now);
-        }
-        if s & REQUEST == 0 && now.duration_since(owner_since.1) >= TURN {
+        if s & REQUEST == 0 && now.duration_since(head_since) >= TURN {
             STATE.fetch_or(REQUEST, Ordering::AcqRel);
         }
         park(&HEAD_KEY, me, POLL);
