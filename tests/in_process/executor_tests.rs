@@ -1089,3 +1089,83 @@ fn bodies_that_let_the_gil_go_run_side_by_side() {
         "one at a time: {took:?}"
     );
 }
+
+#[py_op(code = r#"
+import os, threading, pyop
+
+def fork_and_call(x):
+    pid = os.fork()
+    if pid == 0:
+        failed = []
+        def run():
+            try:
+                for _ in range(200):
+                    pyop.rust.turns_plus_one(1.0)
+            except BaseException as e:
+                failed.append(e)
+        waits = pyop.rust.turn_waits()
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # Turns are off in the child: its threads never wait for one.
+        os._exit(3 if failed else 4 if pyop.rust.turn_waits() != waits else 0)
+    _, status = os.waitpid(pid, 0)
+    return x + os.waitstatus_to_exitcode(status)
+"#, tout = f32)]
+fn fork_and_call(x: &Tensor) -> pyop::Result<Tensor>;
+
+#[test]
+#[ignore = "a child process of a_child_after_fork_calls_ops_from_new_threads"]
+fn fork_child() {
+    expose("turns_plus_one", |args| {
+        let x = Tensor::new(&[args[0].f64()? as f32], &Device::Cpu)?;
+        Ok(Value::from(plus_one(&x)?))
+    })
+    .unwrap();
+    expose("turn_waits", |_| {
+        Ok(Value::I64(pyop::gil_turns().waits as i64))
+    })
+    .unwrap();
+    plus_one(&scalar(0.0)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let status = std::thread::scope(|s| {
+        // Threads calling in loops, so that some wait for turns when the fork happens.
+        for i in 0..3 {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut x = scalar(i as f32);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = plus_one(&x).unwrap();
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            statuses.push(
+                fork_and_call(&scalar(0.0))
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()[0],
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (statuses, started.elapsed())
+    });
+    println!("child: statuses={:?} took={:?}", status.0, status.1);
+    assert_eq!(status.0, [0.0; 5]);
+    assert!(status.1 < Duration::from_secs(10), "{:?}", status.1);
+}
+
+/// A body forks (`os.fork`) while 3 threads call ops in loops, some waiting for turns; in the
+/// child, two new Python threads each call an op 200 times through an exposed Rust function: the
+/// child neither crashes nor waits on the turns of threads it did not inherit (turns are off
+/// there: no call of the child waits for one; 5 forks, each child exiting 0, within 10 s).
+#[test]
+fn a_child_after_fork_calls_ops_from_new_threads() {
+    let (passed, text) = common::child_test(module_path!(), "fork_child", &[]);
+    assert!(passed && text.contains("child: statuses"), "{text}");
+}

@@ -21,25 +21,28 @@
 //!   hands the turn over at the end of its call, to the head, woken by pyop with the GIL free for
 //!   it. An owner that is not calling in a loop lets its turn go at the end of each call while
 //!   others wait, to whoever comes first, as CPython's GIL would. An owner that started no call
-//!   for a whole poll (it is inside one long body, perhaps one that let the GIL go, or it is
-//!   away) loses the turn to the head: the turn never holds anyone back from a GIL that is free
-//!   for long.
+//!   for a whole poll (it is away) or for a whole [`TURN`] (it is inside one long body, perhaps
+//!   one that let the GIL go) loses the turn to the head: the turn never holds anyone back from a
+//!   GIL that is free for long, and bodies that hold the GIL for less than a turn keep it.
 //! - Every park has a time limit, so no wake-up can be lost for good: a turn handed to a thread
-//!   that never takes it (a thread that does not exist in a child after `fork`) is taken from it.
+//!   that never takes it is taken from it after four polls. A queue left without a head (its
+//!   promoted thread started at once) is given one by the next call that starts.
 //! - The turn is advisory, not a lock: a thread holding the GIL (a body calling an op) and a call
 //!   nested inside another call of the same thread never wait for it, and a thread that took the
 //!   turn from an owner still inside a call goes on to CPython's own GIL, which keeps them apart.
 //!   No thread waits on a turn for anything but time or another thread's calls, so it adds no
-//!   deadlock: a body that blocks loses its turn within a poll.
+//!   deadlock: a body that blocks loses its turn within a turn's time.
+//! - In a child after `fork` turns are off (`pthread_atfork`): the threads it inherited as
+//!   owner, head or queue do not exist there.
 //!
 //! `PYOP_GIL_TURNS=0` in the environment turns the turns off (every call goes straight to
 //! CPython's GIL, as before pyop 0.4).
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-use parking_lot_core::{FilterOp, ParkResult, ParkToken, UnparkToken};
 
 use crate::stats::{TURNS_HANDED, TURNS_TAKEN, TURN_WAITS};
 
@@ -64,24 +67,57 @@ const BUSY: u64 = 1;
 const REQUEST: u64 = 2;
 /// The turn was handed to the owner, which has not started its call yet.
 const HANDED: u64 = 4;
-/// A thread waits as the head.
+/// A thread waits as the head (whether parked or looking).
 const HEAD: u64 = 8;
 /// Threads may be parked in the queue.
 const QUEUED: u64 = 16;
-/// The count of calls started (29 bits, wrapping): bits 5 to 31. Bits 32 to 63 are the owner's
-/// id (0: nobody's turn).
+/// The count of calls started (27 bits, wrapping): bits 5 to 31. Bits 32 to 63 are the owner's
+/// id (0: nobody's turn; ids wrap after 2^32 threads, and two threads with one id at once would
+/// only both go on to the GIL, which keeps them apart).
 const CALL_ONE: u64 = 32;
 const CALLS: u64 = 0xFFFF_FFE0;
 
 /// The owner of the turn and the flags above.
 static STATE: AtomicU64 = AtomicU64::new(0);
 
-/// Where the head parks, and where the queue parks (addresses as parking keys).
-static HEAD_KEY: u8 = 0;
-static QUEUE_KEY: u8 = 0;
+/// Where a waiting thread parks: the head's place, or the queue.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Head,
+    Queue,
+}
 
-fn key(of: &'static u8) -> usize {
-    std::ptr::from_ref(of) as usize
+/// A parked thread: who it is, where, and how to wake it.
+struct Parked {
+    id: u32,
+    place: Place,
+    wake: Arc<Wake>,
+}
+
+/// Set when a parked thread is woken (under its own lock, so no wake-up is lost).
+#[derive(Default)]
+struct Wake {
+    woken: Mutex<bool>,
+    cond: Condvar,
+}
+
+/// The parked threads in the order they parked. (Not parking_lot_core's global table, whose
+/// entries point into the parked threads' stacks: a child after `fork` inherits them, and any
+/// parking_lot user there whose address hashes to the same bucket would walk them. This list is
+/// never touched in such a child: turns are off there.)
+static LOT: Mutex<VecDeque<Parked>> = Mutex::new(VecDeque::new());
+
+fn lot() -> MutexGuard<'static, VecDeque<Parked>> {
+    LOT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a park ended.
+#[derive(PartialEq, Eq)]
+enum Parking {
+    Woken,
+    TimedOut,
+    /// Not parked: the state had changed.
+    Invalid,
 }
 
 fn owner(s: u64) -> u32 {
@@ -167,12 +203,32 @@ fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
-        _ => {
-            let on = std::env::var_os("PYOP_GIL_TURNS").is_none_or(|v| v != "0");
-            ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
-        }
+        _ => read_enabled(),
     }
+}
+
+#[cold]
+fn read_enabled() -> bool {
+    static READ: std::sync::Once = std::sync::Once::new();
+    READ.call_once(|| {
+        let on = std::env::var_os("PYOP_GIL_TURNS").is_none_or(|v| v != "0");
+        #[cfg(unix)]
+        if on {
+            // SAFETY: registers a handler that only stores two atomics (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        }
+        ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    });
+    ENABLED.load(Ordering::Relaxed) == 1
+}
+
+/// In a child after `fork` (a body's `os.fork`, `multiprocessing`), only the forking thread
+/// lives: the turn it may hold, the waiters and the head it inherits are gone. Turns are off
+/// there (a call in progress ends finding the turn no longer its own).
+#[cfg(unix)]
+extern "C" fn after_fork_in_child() {
+    ENABLED.store(2, Ordering::Relaxed);
+    STATE.store(0, Ordering::Relaxed);
 }
 
 /// This thread's turn for one call, from [`take`] until dropped.
@@ -186,7 +242,7 @@ pub(crate) fn take() -> Turn {
     if !enabled() {
         return Turn(0);
     }
-    // A thread-local destructor's call, after this thread's locals are gone, goes straight on.
+    // (`LOCAL` has no destructor, so this holds in thread-local destructors too.)
     let Ok(me) = LOCAL.try_with(Local::id) else {
         return Turn(0);
     };
@@ -231,6 +287,11 @@ fn take_contended(me: u32) -> Turn {
             .is_err()
         {
             continue;
+        }
+        // A queue left without a head (its promoted thread started without becoming the head)
+        // gets one, so that someone watches the owner.
+        if STATE.load(Ordering::Acquire) & (QUEUED | HEAD) == QUEUED {
+            promote();
         }
         LOCAL.with(measure);
         return Turn(me);
@@ -307,7 +368,7 @@ fn ended(me: u32) {
 
 /// Hands `me`'s turn to the head, else to the longest-waiting queued thread, else to nobody.
 fn hand_over(me: u32) {
-    if !hand_to_parked(&HEAD_KEY, me) && !hand_to_parked(&QUEUE_KEY, me) {
+    if !hand_to_parked(Place::Head, me) && !hand_to_parked(Place::Queue, me) {
         loop {
             let s = STATE.load(Ordering::Acquire);
             if owner(s) != me {
@@ -346,53 +407,44 @@ fn give_up(me: u32) {
         }
     }
     TURNS_HANDED.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: the callback neither panics nor calls into parking_lot_core.
-    unsafe { parking_lot_core::unpark_one(key(&HEAD_KEY), |_| UnparkToken(0)) };
+    unpark_first(Place::Head, |_, _| {});
 }
 
-/// Wakes the first thread parked at `at` and makes the turn its own; false if none was parked.
-fn hand_to_parked(at: &'static u8, me: u32) -> bool {
-    let to = Cell::new(0u32);
-    // SAFETY: the callbacks neither panic nor call into parking_lot_core.
-    let result = unsafe {
-        parking_lot_core::unpark_filter(
-            key(at),
-            |token| {
-                if to.get() == 0 {
-                    to.set(token.0 as u32);
-                    FilterOp::Unpark
-                } else {
-                    FilterOp::Stop
-                }
-            },
-            |result| {
-                if result.unparked_threads == 0 {
-                    return UnparkToken(0);
-                }
-                loop {
-                    let s = STATE.load(Ordering::Acquire);
-                    if owner(s) != me {
-                        // Taken meanwhile: the woken thread looks again.
-                        return UnparkToken(0);
-                    }
-                    let mut handed = (u64::from(to.get()) << 32)
-                        | ((s + CALL_ONE) & CALLS)
-                        | (s & (QUEUED | HEAD))
-                        | HANDED;
-                    if std::ptr::eq(at, &QUEUE_KEY) && !result.have_more_threads {
-                        handed &= !QUEUED;
-                    }
-                    if STATE
-                        .compare_exchange(s, handed, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        return UnparkToken(0);
-                    }
-                }
-            },
-        )
+/// Wakes the first thread parked at `place`, after `f(its id, whether others stay parked there)`
+/// ran under the lot's lock; false if none was parked.
+fn unpark_first(place: Place, f: impl FnOnce(u32, bool)) -> bool {
+    let mut lot = lot();
+    let Some(i) = lot.iter().position(|p| p.place == place) else {
+        return false;
     };
-    let handed = result.unparked_threads > 0;
+    let parked = lot.remove(i).expect("a position found");
+    f(parked.id, lot.iter().any(|p| p.place == place));
+    drop(lot);
+    *parked.wake.woken.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    parked.wake.cond.notify_one();
+    true
+}
+
+/// Wakes the first thread parked at `place` and makes the turn its own; false if none was parked.
+fn hand_to_parked(place: Place, me: u32) -> bool {
+    let handed = unpark_first(place, |to, more| loop {
+        let s = STATE.load(Ordering::Acquire);
+        if owner(s) != me {
+            // Taken meanwhile: the woken thread looks again.
+            return;
+        }
+        let mut handed =
+            (u64::from(to) << 32) | ((s + CALL_ONE) & CALLS) | (s & (QUEUED | HEAD)) | HANDED;
+        if place == Place::Queue && !more {
+            handed &= !QUEUED;
+        }
+        if STATE
+            .compare_exchange(s, handed, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    });
     if handed {
         TURNS_HANDED.fetch_add(1, Ordering::Relaxed);
     }
@@ -401,43 +453,62 @@ fn hand_to_parked(at: &'static u8, me: u32) -> bool {
 
 /// Wakes one queued thread, to become the head.
 fn promote() {
-    // SAFETY: the callback neither panics nor calls into parking_lot_core.
-    unsafe {
-        parking_lot_core::unpark_one(key(&QUEUE_KEY), |result| {
-            if !result.have_more_threads {
-                STATE.fetch_and(!QUEUED, Ordering::AcqRel);
-            }
-            UnparkToken(0)
-        });
-    }
+    unpark_first(Place::Queue, |_, more| {
+        if !more {
+            STATE.fetch_and(!QUEUED, Ordering::AcqRel);
+        }
+    });
 }
 
-/// Parks this thread at `at` until woken or `timeout`, unless it may start by then.
-fn park(at: &'static u8, me: u32, timeout: Duration) -> ParkResult {
-    let queue = std::ptr::eq(at, &QUEUE_KEY);
-    // SAFETY: the callbacks neither panic nor call into parking_lot_core.
-    unsafe {
-        parking_lot_core::park(
-            key(at),
-            || {
-                let s = STATE.load(Ordering::Acquire);
-                if may_start_waiting(s, me) || (queue && s & HEAD == 0) {
-                    return false;
-                }
-                if queue {
-                    STATE.fetch_or(QUEUED, Ordering::AcqRel);
-                }
-                true
-            },
-            || {},
-            |_, last| {
-                if queue && last {
-                    STATE.fetch_and(!QUEUED, Ordering::AcqRel);
-                }
-            },
-            ParkToken(me as usize),
-            Some(Instant::now() + timeout),
-        )
+/// Parks this thread at `place` until woken or `timeout`, unless it may start already (or, for
+/// the queue, there is no head: then it is to become the head).
+fn park(place: Place, me: u32, timeout: Duration) -> Parking {
+    let queue = place == Place::Queue;
+    let wake = Arc::new(Wake::default());
+    {
+        let mut lot = lot();
+        let s = STATE.load(Ordering::Acquire);
+        if may_start_waiting(s, me) || (queue && s & HEAD == 0) {
+            return Parking::Invalid;
+        }
+        if queue {
+            STATE.fetch_or(QUEUED, Ordering::AcqRel);
+        }
+        lot.push_back(Parked {
+            id: me,
+            place,
+            wake: Arc::clone(&wake),
+        });
+    }
+    let deadline = Instant::now() + timeout;
+    {
+        let mut woken = wake.woken.lock().unwrap_or_else(|e| e.into_inner());
+        while !*woken {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            woken = wake
+                .cond
+                .wait_timeout(woken, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if *woken {
+            return Parking::Woken;
+        }
+    }
+    // Timed out, unless a wake-up took it off the lot meanwhile.
+    let mut lot = lot();
+    match lot.iter().position(|p| Arc::ptr_eq(&p.wake, &wake)) {
+        Some(i) => {
+            lot.remove(i);
+            if queue && !lot.iter().any(|p| p.place == Place::Queue) {
+                STATE.fetch_and(!QUEUED, Ordering::AcqRel);
+            }
+            Parking::TimedOut
+        }
+        None => Parking::Woken,
     }
 }
 
@@ -481,7 +552,7 @@ fn wait(me: u32) {
                 continue;
             }
             let before = calls_and_owner(s);
-            if park(&QUEUE_KEY, me, LONG) == ParkResult::TimedOut
+            if park(Place::Queue, me, LONG) == Parking::TimedOut
                 && calls_and_owner(STATE.load(Ordering::Acquire)) == before
             {
                 // Nothing moved for a long park: whoever should be calling is gone.
@@ -494,16 +565,22 @@ fn wait(me: u32) {
         if s & REQUEST == 0 && now.duration_since(head_since) >= TURN {
             STATE.fetch_or(REQUEST, Ordering::AcqRel);
         }
-        park(&HEAD_KEY, me, POLL);
+        park(Place::Head, me, POLL);
         let after = STATE.load(Ordering::Acquire);
         if calls_and_owner(after) == calls_and_owner(s) && now.elapsed() >= POLL {
-            // No call started for a whole poll: the owner is inside one long call (perhaps
-            // without the GIL), or away; or, handed the turn, has not woken for four polls.
+            // No call started for a whole poll: the owner is away (between calls for a poll),
+            // or, for [`TURN`], inside one long call (perhaps without the GIL: taking the turn
+            // then lets this thread go on to the GIL; a body holding the GIL for less keeps
+            // it); or, handed the turn, has not woken for four polls.
             still += 1;
-            if (after & HANDED == 0 || still >= 4)
-                && !may_start_waiting(after, me)
-                && try_take_over(after, me)
-            {
+            let polls = if after & BUSY != 0 {
+                (TURN.as_micros() / POLL.as_micros()) as u32
+            } else if after & HANDED != 0 {
+                4
+            } else {
+                1
+            };
+            if still >= polls && !may_start_waiting(after, me) && try_take_over(after, me) {
                 return;
             }
         } else {
