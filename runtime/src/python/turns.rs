@@ -21,9 +21,11 @@
 //!   hands the turn over at the end of its call, to the head, woken by pyop with the GIL free for
 //!   it. An owner that is not calling in a loop lets its turn go at the end of each call while
 //!   others wait, to whoever comes first, as CPython's GIL would. An owner that started no call
-//!   for a whole poll (it is away) or for a whole [`TURN`] (it is inside one long body, perhaps
-//!   one that let the GIL go) loses the turn to the head: the turn never holds anyone back from a
-//!   GIL that is free for long, and bodies that hold the GIL for less than a turn keep it.
+//!   for a whole poll (it is away, or inside one long body, perhaps one that let the GIL go)
+//!   loses the turn to the head, which goes on to the GIL: the turn never holds anyone back from
+//!   a GIL that is free for long. A call seen to last a whole poll also marks calls as long
+//!   ([`LONG_CALLS`]): until a call shorter than a poll is seen again, threads that would wait
+//!   go straight on to the GIL, as without turns (turns help short calls only).
 //! - Every park has a time limit, so no wake-up can be lost for good: a turn handed to a thread
 //!   that never takes it is taken from it after four polls. A queue left without a head (its
 //!   promoted thread started at once) is given one by the next call that starts.
@@ -31,7 +33,7 @@
 //!   nested inside another call of the same thread never wait for it, and a thread that took the
 //!   turn from an owner still inside a call goes on to CPython's own GIL, which keeps them apart.
 //!   No thread waits on a turn for anything but time or another thread's calls, so it adds no
-//!   deadlock: a body that blocks loses its turn within a turn's time.
+//!   deadlock: a body that blocks loses its turn within a poll.
 //! - In a child after `fork` turns are off (`pthread_atfork`): the threads it inherited as
 //!   owner, head or queue do not exist there.
 //!
@@ -40,7 +42,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -231,8 +233,21 @@ extern "C" fn after_fork_in_child() {
     STATE.store(0, Ordering::Relaxed);
 }
 
+/// Set while calls take longer than a poll (a waiting head saw one call last a whole poll): then
+/// threads that would wait for a turn go straight on to the GIL, as without turns, and time their
+/// call; the first such call shorter than a poll clears it. Turns help short calls only, and
+/// would make a call wait up to a poll behind a long body that lets the GIL go.
+static LONG_CALLS: AtomicBool = AtomicBool::new(false);
+
 /// This thread's turn for one call, from [`take`] until dropped.
-pub(crate) struct Turn(u32);
+pub(crate) enum Turn {
+    /// No turn: turns are off, or the call is nested in one of this thread's own.
+    None,
+    /// This thread's turn (its id).
+    Mine(u32),
+    /// Gone straight on while calls are long ([`LONG_CALLS`]), at this time.
+    Past(Instant),
+}
 
 /// Waits for this thread's turn, if it has to, and starts a call: for a call of a thread that
 /// does not hold the GIL (the caller checks that). A call nested in one of this thread's own
@@ -240,11 +255,11 @@ pub(crate) struct Turn(u32);
 #[inline]
 pub(crate) fn take() -> Turn {
     if !enabled() {
-        return Turn(0);
+        return Turn::None;
     }
     // (`LOCAL` has no destructor, so this holds in thread-local destructors too.)
     let Ok(me) = LOCAL.try_with(Local::id) else {
-        return Turn(0);
+        return Turn::None;
     };
     let s = STATE.load(Ordering::Relaxed);
     if s & (BUSY | REQUEST | HANDED | HEAD | QUEUED) == 0
@@ -257,7 +272,7 @@ pub(crate) fn take() -> Turn {
             )
             .is_ok()
     {
-        return Turn(me);
+        return Turn::Mine(me);
     }
     take_contended(me)
 }
@@ -268,33 +283,41 @@ fn take_contended(me: u32) -> Turn {
     loop {
         let s = STATE.load(Ordering::Acquire);
         if owner(s) == me && s & BUSY != 0 {
-            return Turn(0); // nested in this thread's own call
+            return Turn::None; // nested in this thread's own call
+        }
+        if LONG_CALLS.load(Ordering::Relaxed) {
+            return Turn::Past(Instant::now());
         }
         LOCAL.with(|l| {
             if let Some(at) = l.ended_at.take() {
                 l.gapped.set(at.elapsed() > IDLE.max(2 * l.took.get()));
             }
         });
-        if !may_start(s, me) {
-            wait(me);
-        } else if STATE
-            .compare_exchange(
-                s,
-                started(s, me, false),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            continue;
-        }
+        let began = if may_start(s, me) {
+            STATE
+                .compare_exchange(
+                    s,
+                    started(s, me, false),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        } else {
+            wait(me)
+        };
         // A queue left without a head (its promoted thread started without becoming the head)
         // gets one, so that someone watches the owner.
         if STATE.load(Ordering::Acquire) & (QUEUED | HEAD) == QUEUED {
             promote();
         }
+        if !began {
+            if LONG_CALLS.load(Ordering::Relaxed) {
+                return Turn::Past(Instant::now()); // left the line
+            }
+            continue; // the compare-exchange lost
+        }
         LOCAL.with(measure);
-        return Turn(me);
+        return Turn::Mine(me);
     }
 }
 
@@ -311,10 +334,16 @@ fn measure(l: &Local) {
 impl Drop for Turn {
     #[inline]
     fn drop(&mut self) {
-        let me = self.0;
-        if me == 0 {
-            return;
-        }
+        let me = match *self {
+            Turn::Mine(me) => me,
+            Turn::None => return,
+            Turn::Past(started) => {
+                if started.elapsed() < POLL {
+                    LONG_CALLS.store(false, Ordering::Relaxed);
+                }
+                return;
+            }
+        };
         let s = STATE.load(Ordering::Relaxed);
         if owner(s) == me
             && s & (REQUEST | HEAD | QUEUED) == 0
@@ -369,18 +398,23 @@ fn ended(me: u32) {
 /// Hands `me`'s turn to the head, else to the longest-waiting queued thread, else to nobody.
 fn hand_over(me: u32) {
     if !hand_to_parked(Place::Head, me) && !hand_to_parked(Place::Queue, me) {
-        loop {
-            let s = STATE.load(Ordering::Acquire);
-            if owner(s) != me {
-                return;
-            }
-            let free = s & (QUEUED | HEAD) | ((s + CALL_ONE) & CALLS);
-            if STATE
-                .compare_exchange(s, free, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return;
-            }
+        let_go(me);
+    }
+}
+
+/// Makes `me`'s turn nobody's (the waiters' flags kept); false if it was not `me`'s.
+fn let_go(me: u32) -> bool {
+    loop {
+        let s = STATE.load(Ordering::Acquire);
+        if owner(s) != me {
+            return false;
+        }
+        let free = s & (QUEUED | HEAD | CALLS);
+        if STATE
+            .compare_exchange(s, free, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
         }
     }
 }
@@ -389,22 +423,8 @@ fn hand_over(me: u32) {
 /// is not calling in a loop, as CPython's GIL lets go (a turn handed to one thread would wait for
 /// that thread to get a CPU).
 fn give_up(me: u32) {
-    loop {
-        let s = STATE.load(Ordering::Acquire);
-        if owner(s) != me {
-            return;
-        }
-        if STATE
-            .compare_exchange(
-                s,
-                s & (QUEUED | HEAD | CALLS),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            break;
-        }
+    if !let_go(me) {
+        return;
     }
     TURNS_HANDED.fetch_add(1, Ordering::Relaxed);
     unpark_first(Place::Head, |_, _| {});
@@ -512,15 +532,23 @@ fn park(place: Place, me: u32, timeout: Duration) -> Parking {
     }
 }
 
-/// Waits until `me` may start a call, and starts it.
+/// Waits until `me` may start a call, and starts it; false if it left the line instead, calls
+/// having turned out long ([`LONG_CALLS`]).
 #[cold]
-fn wait(me: u32) {
+fn wait(me: u32) -> bool {
     TURN_WAITS.fetch_add(1, Ordering::Relaxed);
     let mut head = false;
     // How many polls in a row the head has seen no call start, and since when it is the head.
     let mut still = 0u32;
     let mut head_since = Instant::now();
     loop {
+        if LONG_CALLS.load(Ordering::Relaxed) {
+            if head {
+                STATE.fetch_and(!HEAD, Ordering::AcqRel);
+                promote();
+            }
+            return false;
+        }
         let s = STATE.load(Ordering::Acquire);
         if may_start_waiting(s, me) || (!head && may_start(s, me)) {
             if STATE
@@ -530,7 +558,7 @@ fn wait(me: u32) {
                 if head {
                     promote();
                 }
-                return;
+                return true;
             }
             continue;
         }
@@ -557,7 +585,7 @@ fn wait(me: u32) {
             {
                 // Nothing moved for a long park: whoever should be calling is gone.
                 take_over(me);
-                return;
+                return true;
             }
             continue;
         }
@@ -568,20 +596,18 @@ fn wait(me: u32) {
         park(Place::Head, me, POLL);
         let after = STATE.load(Ordering::Acquire);
         if calls_and_owner(after) == calls_and_owner(s) && now.elapsed() >= POLL {
-            // No call started for a whole poll: the owner is away (between calls for a poll),
-            // or, for [`TURN`], inside one long call (perhaps without the GIL: taking the turn
-            // then lets this thread go on to the GIL; a body holding the GIL for less keeps
-            // it); or, handed the turn, has not woken for four polls.
+            // No call started for a whole poll: the owner is away, or inside one long call
+            // (perhaps without the GIL: taking the turn lets this thread go on to the GIL, as
+            // it would without turns); or, handed the turn, has not woken for four polls.
             still += 1;
-            let polls = if after & BUSY != 0 {
-                (TURN.as_micros() / POLL.as_micros()) as u32
-            } else if after & HANDED != 0 {
-                4
-            } else {
-                1
-            };
-            if still >= polls && !may_start_waiting(after, me) && try_take_over(after, me) {
-                return;
+            if (after & HANDED == 0 || still >= 4)
+                && !may_start_waiting(after, me)
+                && try_take_over(after, me)
+            {
+                if after & BUSY != 0 {
+                    LONG_CALLS.store(true, Ordering::Relaxed);
+                }
+                return true;
             }
         } else {
             still = 0;
