@@ -163,6 +163,8 @@ struct Local {
     ended_at: Cell<Option<Instant>>,
     /// Whether this thread is not calling in a loop (see [`IDLE`]), as last measured.
     gapped: Cell<bool>,
+    /// When this thread's call that went straight on ([`PAST`]) started.
+    past_at: Cell<Option<Instant>>,
 }
 
 thread_local! {
@@ -175,6 +177,7 @@ thread_local! {
             last_took: Cell::new(Duration::ZERO),
             ended_at: Cell::new(None),
             gapped: Cell::new(false),
+            past_at: Cell::new(None),
         }
     };
 }
@@ -189,7 +192,7 @@ impl Local {
         }
         let id = loop {
             let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-            if id != 0 {
+            if id != NO_TURN && id != PAST {
                 break id;
             }
         };
@@ -239,14 +242,19 @@ extern "C" fn after_fork_in_child() {
 /// would make a call wait up to a poll behind a long body that lets the GIL go.
 static LONG_CALLS: AtomicBool = AtomicBool::new(false);
 
-/// This thread's turn for one call, from [`take`] until dropped.
-pub(crate) enum Turn {
-    /// No turn: turns are off, or the call is nested in one of this thread's own.
-    None,
-    /// This thread's turn (its id).
-    Mine(u32),
-    /// Gone straight on while calls are long ([`LONG_CALLS`]), at this time.
-    Past(Instant),
+/// This thread's turn for one call, from [`take`] until dropped: its id, or [`NO_TURN`], or
+/// [`PAST`].
+pub(crate) struct Turn(u32);
+
+/// No turn: turns are off, or the call is nested in one of this thread's own.
+const NO_TURN: u32 = 0;
+/// Gone straight on while calls are long ([`LONG_CALLS`]), at the time in `Local::past_at`.
+const PAST: u32 = u32::MAX;
+
+/// A call that goes straight on while calls are long: timed from now.
+fn past() -> Turn {
+    let _ = LOCAL.try_with(|l| l.past_at.set(Some(Instant::now())));
+    Turn(PAST)
 }
 
 /// Waits for this thread's turn, if it has to, and starts a call: for a call of a thread that
@@ -255,11 +263,11 @@ pub(crate) enum Turn {
 #[inline]
 pub(crate) fn take() -> Turn {
     if !enabled() {
-        return Turn::None;
+        return Turn(NO_TURN);
     }
     // (`LOCAL` has no destructor, so this holds in thread-local destructors too.)
     let Ok(me) = LOCAL.try_with(Local::id) else {
-        return Turn::None;
+        return Turn(NO_TURN);
     };
     let s = STATE.load(Ordering::Relaxed);
     if s & (BUSY | REQUEST | HANDED | HEAD | QUEUED) == 0
@@ -272,7 +280,7 @@ pub(crate) fn take() -> Turn {
             )
             .is_ok()
     {
-        return Turn::Mine(me);
+        return Turn(me);
     }
     take_contended(me)
 }
@@ -283,10 +291,10 @@ fn take_contended(me: u32) -> Turn {
     loop {
         let s = STATE.load(Ordering::Acquire);
         if owner(s) == me && s & BUSY != 0 {
-            return Turn::None; // nested in this thread's own call
+            return Turn(NO_TURN); // nested in this thread's own call
         }
         if LONG_CALLS.load(Ordering::Relaxed) {
-            return Turn::Past(Instant::now());
+            return past();
         }
         LOCAL.with(|l| {
             if let Some(at) = l.ended_at.take() {
@@ -312,12 +320,12 @@ fn take_contended(me: u32) -> Turn {
         }
         if !began {
             if LONG_CALLS.load(Ordering::Relaxed) {
-                return Turn::Past(Instant::now()); // left the line
+                return past(); // left the line
             }
             continue; // the compare-exchange lost
         }
         LOCAL.with(measure);
-        return Turn::Mine(me);
+        return Turn(me);
     }
 }
 
@@ -334,16 +342,13 @@ fn measure(l: &Local) {
 impl Drop for Turn {
     #[inline]
     fn drop(&mut self) {
-        let me = match *self {
-            Turn::Mine(me) => me,
-            Turn::None => return,
-            Turn::Past(started) => {
-                if started.elapsed() < POLL {
-                    LONG_CALLS.store(false, Ordering::Relaxed);
-                }
-                return;
-            }
-        };
+        let me = self.0;
+        if me == NO_TURN {
+            return;
+        }
+        if me == PAST {
+            return ended_past();
+        }
         let s = STATE.load(Ordering::Relaxed);
         if owner(s) == me
             && s & (REQUEST | HEAD | QUEUED) == 0
@@ -354,6 +359,17 @@ impl Drop for Turn {
             return;
         }
         ended(me);
+    }
+}
+
+/// The end of a call that went straight on: calls are no longer long if it was short.
+#[cold]
+fn ended_past() {
+    let short = LOCAL
+        .try_with(|l| l.past_at.take().is_some_and(|at| at.elapsed() < POLL))
+        .unwrap_or(false);
+    if short {
+        LONG_CALLS.store(false, Ordering::Relaxed);
     }
 }
 
