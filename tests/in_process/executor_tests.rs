@@ -1169,3 +1169,51 @@ fn a_child_after_fork_calls_ops_from_new_threads() {
     let (passed, text) = common::child_test(module_path!(), "fork_child", &[]);
     assert!(passed && text.contains("child: statuses"), "{text}");
 }
+
+#[test]
+#[ignore = "a child process of the_program_ends_while_threads_wait_for_turns"]
+fn turns_ending_child() {
+    plus_one(&scalar(0.0)).unwrap();
+    let before = pyop::gil_turns().waits;
+    for i in 0..6 {
+        std::thread::spawn(move || {
+            let mut x = scalar(i as f32);
+            loop {
+                x = plus_one(&x).unwrap();
+            }
+        });
+    }
+    // Until some threads have waited for turns (they are parked in pyop when the program ends).
+    let started = Instant::now();
+    while pyop::gil_turns().waits - before < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no thread waited"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!("child: ok");
+    if std::env::var_os("PYOP_TEST_END_BY_EXIT").is_some() {
+        std::process::exit(0);
+    }
+}
+
+/// A program ends — its test function returns, or it calls `process::exit` — while 6 threads
+/// call an op in loops, some of them parked waiting for turns: at once and normally, no hang, no
+/// "Fatal Python error".
+#[test]
+fn the_program_ends_while_threads_wait_for_turns() {
+    for exit in [false, true] {
+        let started = Instant::now();
+        let one = Some(std::ffi::OsStr::new("1"));
+        let env: &[(&str, Option<&std::ffi::OsStr>)] = if exit {
+            &[("PYOP_TEST_END_BY_EXIT", one)]
+        } else {
+            &[]
+        };
+        let (passed, text) = common::child_test(module_path!(), "turns_ending_child", env);
+        assert!(passed && text.contains("child: ok"), "{text}");
+        assert!(!text.contains("Fatal Python error"), "{text}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{text}");
+    }
+}
