@@ -286,3 +286,127 @@ def test_a_forked_child_gets_private_copies_of_the_arenas(
     assert bytes(inp.ro[0:4]) == b"abcd"  # private now: the writable mapping no longer shows
     with pytest.raises(TypeError):
         inp.ro[0:1] = b"!"
+
+
+# --- reading requests, writing replies ---------------------------------------------------------
+
+
+@pytest.fixture()
+def sock(worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The program's end of a socket pair whose other end is the worker's `_SOCK`; the requests
+    read so far forgotten."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    monkeypatch.setattr(worker, "_SOCK", theirs, raising=False)
+    monkeypatch.setattr(worker, "_SEEN", {})
+    yield ours
+    ours.close()
+    theirs.close()
+
+
+def framed(text: str) -> bytes:
+    data = text.encode()
+    return len(data).to_bytes(4, "little") + data
+
+
+TENSOR_CALL = (
+    '{"op":"call","key":{"base":"op","generation":1},"function":"f",'
+    '"args":[{"t":{"at":64,"dtype":"<f4","shape":[2,3],"strides":[12,4]}}],"out":null,'
+    '"spin":true}'
+)
+
+
+def test_a_call_read_again_is_the_request_checked_the_first_time(
+    worker: types.ModuleType, sock: Any
+) -> None:
+    sock.sendall(framed('{"q":7,"m":%s}' % TENSOR_CALL))
+    q, msg, fds = worker._recv_frame()
+    assert (q, fds) == (7, [])
+    assert msg["key"] == ("op", 1) and msg["function"] == "f"
+    plan = ((64, numpy.dtype("<f4"), (2, 3), (12, 4)),)
+    assert worker._plan == plan
+    assert worker._SEEN == {TENSOR_CALL: (msg, plan)}
+    for q in (8, 0, 12345678901234567890):
+        sock.sendall(framed('{"q":%d,"m":%s}' % (q, TENSOR_CALL)))
+        got = worker._recv_frame()
+        assert got[0] == q and got[1] is msg and worker._plan == plan
+    # Another request resets the plan; a number JSON does not write so is read as JSON reads it.
+    sock.sendall(framed('{"q":9,"m":{"op":"unload","base":"op"}}'))
+    assert worker._recv_frame()[1] == {"op": "unload", "base": "op"} and worker._plan is None
+    for q, read in (("-3", -3), ("1.5", 1.5), ("1e2", 100.0), (" 1", 1)):
+        sock.sendall(framed('{"q":%s,"m":%s}' % (q, TENSOR_CALL)))
+        got = worker._recv_frame()
+        assert got[0] == read and type(got[0]) is type(read) and got[1] == msg
+    for q in ("01", "+1", "1_0", "\u0661"):
+        sock.sendall(framed('{"q":%s,"m":%s}' % (q, TENSOR_CALL)))
+        with pytest.raises(worker._ProtocolError, match="a frame is not {q, m} in JSON"):
+            worker._recv_frame()
+
+
+def test_calls_read_are_remembered_up_to_a_bound(worker: types.ModuleType, sock: Any) -> None:
+    for i in range(worker._SEEN_MAX + 3):
+        text = TENSOR_CALL.replace('"at":64', '"at":%d' % (64 * i))
+        sock.sendall(framed('{"q":%d,"m":%s}' % (i, text)))
+        worker._recv_frame()
+        assert worker._plan[0][0] == 64 * i
+    assert len(worker._SEEN) == 3
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [{"t": {"at": 0, "dtype": "<f4", "shape": [1], "strides": [4]}}, 1.5],
+        [{"t": {"at": 0, "dtype": ["<f4"], "shape": [1], "strides": [4]}}],
+        [{"t": {"at": 0, "dtype": "no such dtype", "shape": [1], "strides": [4]}}],
+        [{"t": {"at": 0, "dtype": "<f4", "shape": [1]}}],
+        [{"t": {"at": "0", "dtype": "<f4", "shape": [1], "strides": [4]}}],
+        [{"t": {"at": 0, "dtype": "<f4", "shape": [1], "strides": [4]}, "u": []}],
+        {"t": {}},
+    ],
+)
+def test_a_call_with_anything_but_arrays_has_no_plan(
+    worker: types.ModuleType, args: object
+) -> None:
+    assert worker._args_plan(args) is None
+
+
+def test_arrays_planned_are_the_views_decoded(
+    worker: types.ModuleType, arenas: "list[Any]"
+) -> None:
+    args = [
+        {"t": {"at": 64, "dtype": "<f4", "shape": [2, 3], "strides": [12, 4]}},
+        {"t": {"at": 128, "dtype": "<i8", "shape": [3, 2], "strides": [8, 24]}},
+    ]
+    planned = [worker._Views().view(*p) for p in worker._args_plan(args)]
+    decoded = worker._decode(args, worker._Views())
+    for a, b in zip(planned, decoded):
+        assert (a.dtype, a.shape, a.strides, a.flags.writeable) == (
+            b.dtype,
+            b.shape,
+            b.strides,
+            False,
+        )
+        assert a.__array_interface__["data"] == b.__array_interface__["data"]
+
+
+@pytest.mark.parametrize("shape", [[], [1], [2, 3], [0, 4]])
+@pytest.mark.parametrize("dtype", ["<f4", "|b1", "<c16", ">i2"])
+def test_an_array_reply_is_the_text_send_writes(
+    worker: types.ModuleType,
+    sock: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    shape: "list[int]",
+    dtype: str,
+) -> None:
+    monkeypatch.setattr(worker, "_seq", 123456789)
+    for retained, waited in ((False, [2, 0]), (True, [0, 17])):
+        monkeypatch.setattr(worker, "_waited", waited)
+        place = [1, 192, 24]
+        worker._send(
+            {"s": "array", "place": place, "dtype": dtype, "shape": shape, "retained": retained}
+        )
+        worker._send_array(place, dtype, shape, retained)
+        n = int.from_bytes(sock.recv(4), "little")
+        sent = sock.recv(n, 0x100)  # MSG_WAITALL
+        assert sock.recv(4 + n, 0x100)[4:] == sent

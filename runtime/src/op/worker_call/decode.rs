@@ -16,7 +16,7 @@ pub(crate) fn outputs(
     py: pyo3::Python<'_>,
     answer: &Answered,
     worker: u64,
-    body: &str,
+    body: &dyn Fn() -> String,
     check: &OutputCheck<'_>,
     outs: Option<&[(DType, Vec<usize>)]>,
 ) -> Result<Outputs> {
@@ -56,17 +56,17 @@ pub(crate) fn outputs(
 }
 
 /// The value a worker's answer carries, or the error it reports (`body`: the body's source as
-/// errors name it).
+/// errors name it, made only for an error).
 pub(crate) fn value<'py>(
     py: pyo3::Python<'py>,
     answer: &Answered,
     worker: u64,
     op: &str,
-    body: &str,
+    body: &dyn Fn() -> String,
 ) -> Result<pyo3::Bound<'py, pyo3::PyAny>> {
     let reply = &answer.reply;
     if let Reply::Raised { exc, .. } | Reply::LoadFailed { exc } = reply {
-        return Err(worker_error(py, op, body, worker, exc));
+        return Err(worker_error(py, op, &body(), worker, exc));
     }
     let Some(value) = reply_value(py, answer) else {
         // `wrote` for a call that gave no `out` buffers is refused when the reply is read.

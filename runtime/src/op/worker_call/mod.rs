@@ -138,7 +138,7 @@ pub(crate) fn worker_outputs(
             py,
             &answer.answered,
             answer.worker,
-            &body_named(op),
+            &|| body_named(op),
             &check,
             request.outs.as_deref(),
         )
@@ -174,13 +174,9 @@ pub(crate) fn gradient_in_worker<T>(
     ))?;
     let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
     op.run_python(device, |py| {
-        let returned = decode::value(
-            py,
-            &answer.answered,
-            answer.worker,
-            &op.name,
-            &body_named(op),
-        )?;
+        let returned = decode::value(py, &answer.answered, answer.worker, &op.name, &|| {
+            body_named(op)
+        })?;
         check(py, &returned)
     })
 }
