@@ -420,6 +420,44 @@ fn python_process_loop(iters: usize, calls: usize, procs: usize) -> Duration {
     Duration::from_secs_f64(total / procs as f64)
 }
 
+/// `pingpong_python_pyloop`: what one thread calling the ~1 ms loop in another process costs on
+/// this machine without pyop: a plain `python -c` forks a child that runs the loop for each 8
+/// bytes it reads from a socket pair and answers 8 bytes (both sides blocking), and times, in
+/// turns (`runs` short runs of `calls` each), the loop called in the child and run in itself.
+/// Returns the medians per call: (in the child, round trip included; in the parent). Their
+/// ratio is the floor of "1 thread: workers ÷ program" here (two processes' caches and the
+/// machine's wake-ups, with nothing of pyop's).
+fn python_pair_loop(iters: usize, calls: usize, runs: usize) -> (Duration, Duration) {
+    let code = format!(
+        "import os, socket, time\n\
+         def pyloop(n):\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return s\n\
+         a, b = socket.socketpair()\n\
+         if os.fork() == 0:\n    a.close()\n    while b.recv(8):\n        pyloop({iters})\n        b.sendall(bytes(8))\n    os._exit(0)\n\
+         b.close()\n\
+         def child():\n    t = time.perf_counter()\n    for _ in range({calls}):\n        a.sendall(bytes(8)); a.recv(8)\n    return (time.perf_counter() - t) / {calls}\n\
+         def parent():\n    t = time.perf_counter()\n    for _ in range({calls}):\n        pyloop({iters})\n    return (time.perf_counter() - t) / {calls}\n\
+         child(); parent()\n\
+         runs = [(child(), parent()) for _ in range({runs})]\n\
+         med = lambda xs: sorted(xs)[len(xs) // 2]\n\
+         print(med([c for c, _ in runs]), med([p for _, p in runs]))\n\
+         a.close()"
+    );
+    let out = std::process::Command::new(venv_python())
+        .args(["-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut t = text
+        .split_whitespace()
+        .map(|v| Duration::from_secs_f64(v.parse().unwrap()));
+    (t.next().unwrap(), t.next().unwrap())
+}
+
 /// The venv's interpreter, as `scripts/dev.sh` sets it up (its NumPy), else `python3`.
 fn venv_python() -> std::path::PathBuf {
     std::env::var_os("VIRTUAL_ENV").map_or("python3".into(), |v| {
@@ -1356,6 +1394,16 @@ fn main() {
         report("pyloop_inner_python_pair", || {
             python_process_loop(*iters, calls.max(reps()), 2)
         });
+    }
+    if wanted("pingpong_python_pyloop") {
+        let (child, parent) = python_pair_loop(*iters, (calls / 10).max(1), reps() * 10);
+        if !warming_up() {
+            println!(
+                "case=pingpong_python_pyloop median_us={:.3} inparent_us={:.3}",
+                child.as_secs_f64() * 1e6,
+                parent.as_secs_f64() * 1e6
+            );
+        }
     }
     // The loop from 1 and 2 threads, in the program and in 2 workers, timed in turns; then the
     // 2-thread pair while 2 CPU-bound processes run beside it: the machine oversubscribed.

@@ -91,7 +91,8 @@ def _array(dtype: str, shape: tuple[int, ...], buffer: Any) -> "NDArray[Any]":
         import numpy
 
         _frombuffer = numpy.frombuffer
-    return _frombuffer(buffer, dtype=dt).reshape(shape)
+    # (Positional: NumPy parses keywords slower than it makes the array.)
+    return _frombuffer(buffer, dt).reshape(shape)
 
 
 def _scalar(dtype: str, data: bytes) -> Any:
