@@ -343,18 +343,76 @@ fn threads_call(threads: usize, calls: usize) -> Duration {
     })
 }
 
-/// One timed run of `threaded` over the ~1 ms Python loop `f` (`pyloop_group` times them in
+/// Threads kept for a group's short runs, as a service keeps its pool's: each run hands every
+/// one `calls` calls of a job and waits for them all. (Threads spawned for each short run cost
+/// their start, and pyop its per-thread state, on every run: in the program that lands on the
+/// CPU the GIL leaves idle, in a worker case on the CPUs the workers need.)
+struct Crew {
+    jobs: Vec<std::sync::mpsc::Sender<(usize, Job)>>,
+    done: std::sync::mpsc::Receiver<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+type Job = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+impl Crew {
+    fn new(n: usize) -> Crew {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (jobs, threads) = (0..n)
+            .map(|_| {
+                let (tx, rx) = std::sync::mpsc::channel::<(usize, Job)>();
+                let done = done_tx.clone();
+                let thread = std::thread::spawn(move || {
+                    while let Ok((calls, job)) = rx.recv() {
+                        (0..calls).for_each(|_| job());
+                        done.send(()).unwrap();
+                    }
+                });
+                (tx, thread)
+            })
+            .unzip();
+        Crew {
+            jobs,
+            done,
+            threads,
+        }
+    }
+
+    /// One timed run: `calls` calls of `job` on every thread; the time per call.
+    fn run(&self, calls: usize, job: &Job) -> Duration {
+        let t = Instant::now();
+        for tx in &self.jobs {
+            tx.send((calls, job.clone())).unwrap();
+        }
+        for _ in &self.jobs {
+            self.done.recv().unwrap();
+        }
+        t.elapsed() / (self.jobs.len() * calls.max(1)) as u32
+    }
+}
+
+impl Drop for Crew {
+    fn drop(&mut self) {
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// One timed run of the ~1 ms Python loop `f` on `crew`'s threads (`pyloop_group` times them in
 /// turns).
 fn pyloop_threads(
-    threads: usize,
+    crew: &Crew,
     calls: usize,
     iters: usize,
     f: fn(&Tensor, usize) -> pyop::Result<Tensor>,
 ) -> Duration {
     let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
-    threaded_once(threads, calls, &|| {
+    let job: Job = std::sync::Arc::new(move || {
         f(&x, iters).unwrap();
-    })
+    });
+    crew.run(calls, &job)
 }
 
 /// Loop iterations that make `pyloop` take about 1 ms here, in the program (measured each run).
@@ -1176,6 +1234,8 @@ fn pyloop_group(
         return;
     }
     let iters = **iters;
+    // The same threads for every case of the group (1 and 2).
+    let crews = &[Crew::new(1), Crew::new(2)];
     let _busy = busy.then(|| Busy::start(2));
     let machine = MachineSeen::start();
     let mut waits: Vec<WaitsSeen> = cases.iter().map(|_| WaitsSeen::default()).collect();
@@ -1184,7 +1244,7 @@ fn pyloop_group(
         .zip(&mut waits)
         .map(|(&(_, run, op), seen)| {
             let once = move || match run {
-                Run::Threads(t, f) => pyloop_threads(t, calls, iters, f),
+                Run::Threads(t, f) => pyloop_threads(&crews[t - 1], calls, iters, f),
                 Run::Inner(f) => {
                     let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
                     let total: f64 = (0..calls)

@@ -298,6 +298,7 @@ def sock(worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     import socket
 
     ours, theirs = socket.socketpair()
+    ours.settimeout(10)  # a reply shorter than said fails the test instead of hanging it
     monkeypatch.setattr(worker, "_SOCK", theirs, raising=False)
     monkeypatch.setattr(worker, "_SEEN", {})
     yield ours
