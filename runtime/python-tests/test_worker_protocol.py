@@ -4,7 +4,10 @@ each request, the arguments' encoding, and where a result's buffers go (`_place`
 
 import math
 import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy
@@ -411,3 +414,15 @@ def test_an_array_reply_is_the_text_send_writes(
         n = int.from_bytes(sock.recv(4), "little")
         sent = sock.recv(n, 0x100)  # MSG_WAITALL
         assert sock.recv(4 + n, 0x100)[4:] == sent
+
+
+def test_the_worker_call_cost_script_runs_the_call_path_it_times() -> None:
+    # `scripts/worker_call_cost.py` (the figure in the performance chapter) loads this worker and
+    # checks its replies before it times them; a change that breaks its harness fails here.
+    script = Path(__file__).resolve().parents[2] / "scripts" / "worker_call_cost.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "50", "1"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    name, _, value = out.stdout.strip().partition("=")
+    assert name == "worker_call_python_us" and float(value) > 0
