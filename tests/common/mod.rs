@@ -10,6 +10,26 @@ use std::time::Duration;
 
 use pyop::candle::{CpuStorage, Device, Storage, Tensor};
 
+/// Python for the tests of spare input objects (`bridge::tensor::spare`): `kept` holds
+/// `(object, its values)` pairs a body kept, `found` the empty `pyop.Tensor`s (spares) a body
+/// found through `gc`; `look_and_check(look)` finds them when `look`, checks that every kept
+/// object still holds its values and every found spare is still empty, and says how many were
+/// found.
+#[allow(dead_code)] // used by some of the test binaries that include this module
+pub const SPARE_CHECKS: &str = "import gc
+import pyop
+kept = []
+found = []
+def look_and_check(look):
+    if look:
+        found.extend(o for o in gc.get_objects() if type(o) is pyop.Tensor and o.shape == (0,))
+    for t, values in kept:
+        assert t.tolist() == values, (t.tolist(), values)
+    for o in found:
+        assert o.shape == (0,), o.shape
+    return len(found)
+";
+
 pub fn cpu() -> Device {
     Device::Cpu
 }

@@ -1092,3 +1092,47 @@ fn only_c_contiguous_fresh_arrays_of_the_declared_dtype_are_adopted() {
     assert!(small.contains("dtype"), "{small}");
     assert_eq!(large.replace("32768", "4"), small);
 }
+
+/// A view's base object (`pyop.Tensor`) is kept per thread and refilled for later calls only when
+/// nothing else holds it (`bridge::tensor::spare`): views a body kept, their roots' bases it kept,
+/// and inputs it handed back keep their values through later calls of other shapes and dtypes;
+/// spares it found through `gc` stay empty while held; every result is exact.
+#[test]
+fn view_bases_are_reused_only_when_no_one_else_holds_them() {
+    let op = PyOp::builder("keepview")
+        .code(format!(
+            "{}import numpy as np\n\
+             def f(x, how):\n\
+             \x20   if how == 1:\n\
+             \x20       kept.append((x, x.tolist()))\n\
+             \x20   elif how == 2:\n\
+             \x20       kept.append((x.base.base, x.tolist()))\n\
+             \x20   elif how == 3:\n\
+             \x20       kept.append((x[1:], x[1:].tolist()))\n\
+             \x20   found = look_and_check(how == 4)\n\
+             \x20   return x if how == 5 else x * 2, np.int64(found)\n",
+            common::SPARE_CHECKS
+        ))
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::F64), OutSpec::new(DType::I64)])
+        .build()
+        .unwrap();
+    let mut found = 0;
+    for i in 0..48usize {
+        let n = 2 + i % 5;
+        let x = Tensor::arange(i as f64, (i + n) as f64, &cpu()).unwrap();
+        let how = (i % 6) as i64;
+        let out = op
+            .call(&[Arg::from(&x), Arg::I64(how)])
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let factor = if how == 5 { 1. } else { 2. };
+        assert_eq!(
+            out[0].to_vec1::<f64>().unwrap(),
+            (&x * factor).unwrap().to_vec1::<f64>().unwrap(),
+            "call {i}"
+        );
+        found = out[1].to_scalar::<i64>().unwrap();
+    }
+    assert!(found > 0, "no spare found");
+}

@@ -696,3 +696,53 @@ fn integers_become_floats_only_exactly() {
         );
     }
 }
+
+/// A call's `pyop.Tensor` inputs are kept per thread and refilled for later calls only when
+/// nothing else holds them (`bridge::tensor::spare`). Inputs a body kept keep their values through
+/// later calls of other shapes; spares a body found through `gc` (calls of 1 tensor leave those
+/// of 3 in the store) are empty tensors and stay empty while held, through later calls that take
+/// 3; every result is exact.
+#[test]
+fn input_objects_are_reused_only_when_no_one_else_holds_them() {
+    let op = PyOp::builder("keep")
+        .code(format!(
+            "{}def f(xs, keep, look):\n\
+             \x20   if keep:\n\
+             \x20       kept.extend((x, x.tolist()) for x in xs)\n\
+             \x20   return xs[0] * 2, pyop.tensor(look_and_check(look))\n",
+            common::SPARE_CHECKS
+        ))
+        .function("f")
+        .tout([OutSpec::new(DType::F32), OutSpec::new(DType::I64)])
+        .build()
+        .unwrap();
+    let shapes: [&[usize]; 4] = [&[1], &[2, 3], &[], &[5]];
+    let mut found = 0;
+    for i in 0..40usize {
+        let shape = shapes[i % shapes.len()];
+        let n: usize = shape.iter().product();
+        let x = Tensor::arange(i as f32, (i + n) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape(shape)
+            .unwrap();
+        let look = i % 5 == 4;
+        let xs = if look {
+            vec![x.clone()]
+        } else {
+            vec![x.clone(), x.clone(), x.clone()]
+        };
+        let out = op
+            .call(&[Arg::from(&xs[..]), Arg::Bool(i % 3 == 0), Arg::Bool(look)])
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let want = (&x * 2.).unwrap();
+        assert_eq!(
+            out[0].flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            "call {i}"
+        );
+        assert_eq!(out[0].dims(), shape);
+        found = out[1].to_scalar::<i64>().unwrap();
+    }
+    // The calls that kept nothing gave their inputs back, and a later call found them, empty.
+    assert!(found > 0, "no spare found");
+}

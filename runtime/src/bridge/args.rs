@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use super::prepare::{Passing, Prepared};
 use super::view::numpy_view;
 use crate::arg::Arg;
-use crate::bridge::tensor::PyTensor;
+use crate::bridge::tensor::spare::Made;
 
 /// How `&[Tensor]` arguments reach Python: a list for the body, a tuple for a gradient.
 #[derive(Clone, Copy)]
@@ -16,8 +16,15 @@ pub(crate) enum Lists {
     AsTuples,
 }
 
-/// A call's Python positional arguments, held on the stack for the usual few.
-pub(crate) type PyArgs<'py> = SmallVec<[Bound<'py, PyAny>; 4]>;
+/// A call's Python positional arguments, held on the stack for the usual few, and the
+/// `pyop.Tensor`s made for them: when the arguments are dropped (after the call's outputs are read,
+/// so that an input handed back is let go too), those nothing else holds go back to the thread's
+/// spares (`tensor::spare`).
+pub(crate) struct PyArgs<'py> {
+    items: SmallVec<[Bound<'py, PyAny>; 4]>,
+    // Held for its drop, after `items`'s: the views and lists holding the objects go first.
+    _made: Made<'py>,
+}
 
 /// The Python positional arguments of a call: every argument in declaration order.
 pub(crate) fn python_args<'py>(
@@ -28,16 +35,17 @@ pub(crate) fn python_args<'py>(
     lists: Lists,
 ) -> PyResult<PyArgs<'py>> {
     let mut next = prepared.iter();
+    let mut made = Made::default();
     let mut tensor = |py: Python<'py>| -> PyResult<Bound<'py, PyAny>> {
         let p = next.next().expect("one prepared input per tensor");
         match passing {
-            Passing::Views => numpy_view(py, p),
+            Passing::Views => numpy_view(py, p, &mut made),
             Passing::Tensors | Passing::Dlpack => {
-                Ok(Bound::new(py, PyTensor::input(p.tensor.clone(), p.shares_var))?.into_any())
+                Ok(made.input(py, p.tensor.clone(), p.shares_var)?.into_any())
             }
         }
     };
-    let mut items = PyArgs::with_capacity(args.len());
+    let mut items = SmallVec::with_capacity(args.len());
     for arg in args {
         items.push(match arg {
             Arg::Tensor(_) => tensor(py)?,
@@ -63,7 +71,7 @@ pub(crate) fn python_args<'py>(
             Arg::None => py.None().into_bound(py),
         });
     }
-    Ok(items)
+    Ok(PyArgs { items, _made: made })
 }
 
 /// [`python_args`] as one tuple (a gradient's `inputs`, `outputs` and `grads`).
@@ -75,15 +83,15 @@ pub(crate) fn python_tuple<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(
         py,
-        python_args(py, passing, args, prepared, Lists::AsTuples)?,
+        &python_args(py, passing, args, prepared, Lists::AsTuples)?.items,
     )
 }
 
 /// Calls `callable(*args, out=out)` (without `out` when it is `None`) by vectorcall, so that no
-/// argument tuple or keyword dict is made, and lets go of the arguments as soon as it returns.
+/// argument tuple or keyword dict is made.
 pub(crate) fn call<'py>(
     callable: &Bound<'py, PyAny>,
-    args: PyArgs<'py>,
+    args: &PyArgs<'py>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = callable.py();
@@ -91,6 +99,7 @@ pub(crate) fn call<'py>(
     // (`PY_VECTORCALL_ARGUMENTS_OFFSET`); the usual few arguments sit in an array on the stack.
     let mut inline = [std::ptr::null_mut::<pyo3::ffi::PyObject>(); 6];
     let mut spilled = Vec::new();
+    let args = &args.items;
     let needed = args.len() + 1 + usize::from(out.is_some());
     let ptrs: &mut [*mut pyo3::ffi::PyObject] = if needed <= inline.len() {
         &mut inline[..needed]
@@ -122,7 +131,6 @@ pub(crate) fn call<'py>(
             kwnames.map_or(std::ptr::null_mut(), |k| k.as_ptr()),
         )
     };
-    drop(args);
     // SAFETY: the GIL is held; vectorcall returns a new reference or null with an exception set.
     unsafe { Bound::from_owned_ptr_or_err(py, result) }
 }

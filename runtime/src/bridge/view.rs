@@ -8,6 +8,7 @@ use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use crate::bridge::tensor::spare::Made;
 use crate::bridge::tensor::PyTensor;
 use crate::spec::with_numpy_element;
 
@@ -19,9 +20,15 @@ pub(crate) fn numpy_dtype(py: Python<'_>, dtype: DType) -> Option<Bound<'_, PyAr
 }
 
 /// A read-only NumPy array over the prepared tensor's memory, whose base object (a `pyop.Tensor`
-/// holding a clone of the tensor) keeps that memory alive for as long as the array lives.
-pub(crate) fn numpy_view<'py>(py: Python<'py>, p: &Prepared) -> PyResult<Bound<'py, PyAny>> {
-    numpy_array(py, p, false).map(|(arr, _)| arr)
+/// holding a clone of the tensor, from the thread's spares through `made`) keeps that memory
+/// alive for as long as the array lives.
+pub(crate) fn numpy_view<'py>(
+    py: Python<'py>,
+    p: &Prepared,
+    made: &mut Made<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let base = made.view_base(py, p.tensor.clone(), p.data, false)?;
+    numpy_array_over(py, p, false, base).map(|(arr, _)| arr)
 }
 
 /// A NumPy array over `p`'s memory, read-only unless `writable`, and the `pyop.Tensor` keeping
@@ -37,13 +44,23 @@ pub(crate) fn numpy_array<'py>(
     p: &Prepared,
     writable: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTensor>)> {
+    let base = Bound::new(py, PyTensor::view_base(p.tensor.clone(), p.data, writable))?;
+    numpy_array_over(py, p, writable, base)
+}
+
+/// [`numpy_array`] with its base object given.
+fn numpy_array_over<'py>(
+    py: Python<'py>,
+    p: &Prepared,
+    writable: bool,
+    base: Bound<'py, PyTensor>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTensor>)> {
     let t = &p.tensor;
     let descr = numpy_dtype(py, t.dtype()).expect("checked in prepare");
     let size = t.dtype().size_in_bytes() as isize;
     let dims: smallvec::SmallVec<[npy_intp; 6]> = t.dims().iter().map(|&d| d as npy_intp).collect();
     let strides: smallvec::SmallVec<[npy_intp; 6]> =
         t.stride().iter().map(|&s| s as isize * size).collect();
-    let base = Bound::new(py, PyTensor::view_base(t.clone(), p.data, writable))?;
     let flags = if writable {
         npyffi::NPY_ARRAY_WRITEABLE
     } else {

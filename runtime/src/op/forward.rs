@@ -200,8 +200,9 @@ fn run_body(
     if let Some(shapes) = shapes {
         let out = out_buffers(py, tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
         let returned = run_limited(py, &op.name, timeout, || {
-            crate::bridge::args::call(&body, py_args, Some(&out.arg))
+            crate::bridge::args::call(&body, &py_args, Some(&out.arg))
         })?;
+        drop(py_args);
         return out.finish(&check, returned);
     }
     // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
@@ -212,7 +213,11 @@ fn run_body(
         crate::python::numpy_alloc::enter(py, align)
     });
     let returned = run_limited(py, &op.name, timeout, || {
-        crate::bridge::args::call(&body, py_args, None)
+        crate::bridge::args::call(&body, &py_args, None)
     })?;
-    outputs_from_python(py, &check, returned)
+    // The arguments outlive the outputs' check, so that an input object the body handed back
+    // is not held by the check when they go: then it goes back to the thread's spares.
+    let outputs = outputs_from_python(py, &check, returned);
+    drop(py_args);
+    outputs
 }

@@ -18,7 +18,7 @@ use crate::bridge::numbers::{to_tensor, ConversionError};
 
 impl PyTensor {
     pub(super) fn n(&self) -> usize {
-        self.tensor.elem_count()
+        self.tensor().elem_count()
     }
 
     /// Runs a unary candle op.
@@ -27,7 +27,7 @@ impl PyTensor {
         py: Python<'_>,
         f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
     ) -> PyResult<PyTensor> {
-        let t = &self.tensor;
+        let t = self.tensor();
         allocatable(Some(self.n()), t.dtype(), "the result")?;
         compute(py, self.n(), || f(t)).map(|r| self.derived(r))
     }
@@ -36,7 +36,7 @@ impl PyTensor {
     /// `transpose`, `squeeze`, `unsqueeze`, `broadcast_as`), which allocates nothing, so needs no
     /// allocation check: a huge broadcast tensor can still be cut and turned.
     pub(super) fn view(&self, f: impl FnOnce(&Tensor) -> CResult<Tensor>) -> PyResult<PyTensor> {
-        f(&self.tensor)
+        f(self.tensor())
             .map(|t| self.derived(t))
             .map_err(value_error)
     }
@@ -52,11 +52,11 @@ impl PyTensor {
         f: impl Fn(&Tensor) -> CResult<Tensor> + Send + Sync,
         exact: impl Fn(i64) -> Option<i64>,
     ) -> PyResult<PyTensor> {
-        let dtype = self.tensor.dtype();
+        let dtype = self.tensor().dtype();
         if dtype == DType::I64 {
             allocatable(Some(self.n()), DType::I64, "the result")?;
             let values = self
-                .tensor
+                .tensor()
                 .flatten_all()
                 .and_then(|t| t.to_vec1::<i64>())
                 .map_err(value_error)?;
@@ -65,7 +65,7 @@ impl PyTensor {
             }
         } else if !dtype.is_float() {
             allocatable(Some(self.n()), DType::F64, "the result")?;
-            let t = &self.tensor;
+            let t = self.tensor();
             let wide = compute(py, self.n(), || f(&t.to_dtype(DType::F64)?))?;
             check_int_range(&wide, dtype, what)?;
         }
@@ -79,10 +79,10 @@ impl PyTensor {
         name: &str,
         f: impl FnOnce(&Tensor) -> CResult<Tensor> + Send,
     ) -> PyResult<PyTensor> {
-        if !self.tensor.dtype().is_float() {
+        if !self.tensor().dtype().is_float() {
             return Err(PyTypeError::new_err(format!(
                 "{name}() needs a float tensor, got {}; convert with .to_dtype(\"f32\") first",
-                self.tensor.dtype().as_str()
+                self.tensor().dtype().as_str()
             )));
         }
         self.unary(py, f)
@@ -95,19 +95,19 @@ impl PyTensor {
         other: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Tensor>> {
         if let Ok(o) = other.cast::<PyTensor>() {
-            let o = &o.get().tensor;
-            if !o.device().same_device(self.tensor.device()) {
+            let o = o.get().tensor();
+            if !o.device().same_device(self.tensor().device()) {
                 return Err(PyValueError::new_err(format!(
                     "tensors on different devices: {} and {}",
-                    device_name(self.tensor.device()),
+                    device_name(self.tensor().device()),
                     device_name(o.device())
                 )));
             }
             return Ok(Some(o.clone()));
         }
-        match to_tensor(py, other, Some(self.tensor.dtype())) {
+        match to_tensor(py, other, Some(self.tensor().dtype())) {
             Ok(t) => Ok(Some(
-                t.to_device(self.tensor.device()).map_err(value_error)?,
+                t.to_device(self.tensor().device()).map_err(value_error)?,
             )),
             Err(ConversionError::NotTensorLike(_)) => Ok(None),
             Err(e) => Err(e.into()),
@@ -148,9 +148,9 @@ impl PyTensor {
     /// `(self, o)`, or `(o, self)` for a reflected operator.
     fn ordered<'a>(&'a self, o: &'a Tensor, reflected: bool) -> (&'a Tensor, &'a Tensor) {
         if reflected {
-            (o, &self.tensor)
+            (o, self.tensor())
         } else {
-            (&self.tensor, o)
+            (self.tensor(), o)
         }
     }
 
@@ -163,7 +163,7 @@ impl PyTensor {
         n: usize,
         f: impl FnOnce(&Tensor, &Tensor) -> CResult<Tensor> + Send,
     ) -> PyResult<PyTensor> {
-        allocatable(Some(n), self.tensor.dtype(), "the result")?;
+        allocatable(Some(n), self.tensor().dtype(), "the result")?;
         compute(py, n, || f(a, b)).map(wrap)
     }
 
@@ -214,7 +214,7 @@ impl PyTensor {
         };
         let (a, b) = self.ordered(&o, reflected);
         let n = result_count(a, b)?;
-        let dtype = self.tensor.dtype();
+        let dtype = self.tensor().dtype();
         // Operands of two dtypes are candle's error to report, in `run_binary`.
         // Shapes that do not broadcast are candle's error to report too.
         if !dtype.is_float() && o.dtype() == dtype && broadcast_count(a, b).is_ok() {
@@ -240,7 +240,7 @@ impl PyTensor {
         keepdim: bool,
         f: impl Fn(&Tensor, usize) -> CResult<Tensor> + Send + Sync,
     ) -> PyResult<PyTensor> {
-        let t = &self.tensor;
+        let t = self.tensor();
         let rank = t.rank();
         let dims = dims_arg(dim, rank)?;
         // A reduction may copy its input first (a broadcast one is made contiguous; integers
@@ -291,7 +291,7 @@ impl PyTensor {
                 self.n()
             )));
         }
-        self.tensor
+        self.tensor()
             .flatten_all()
             .and_then(|t| t.get(0))
             .map_err(value_error)
@@ -300,18 +300,18 @@ impl PyTensor {
 
 impl PyTensor {
     pub(super) fn float_only(&self, op: &str) -> PyResult<()> {
-        if self.tensor.dtype().is_float() {
+        if self.tensor().dtype().is_float() {
             Ok(())
         } else {
             Err(PyTypeError::new_err(format!(
                 "`{op}` needs a float tensor, got {}; convert with .to_dtype(\"f32\") first",
-                self.tensor.dtype().as_str()
+                self.tensor().dtype().as_str()
             )))
         }
     }
 
     pub(super) fn single_dim(&self, d: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<()> {
-        match dims_arg(d, self.tensor.rank())? {
+        match dims_arg(d, self.tensor().rank())? {
             Some(ds) if ds.len() > 1 => Err(PyValueError::new_err(format!(
                 "{what} takes one dim, not {}",
                 ds.len()

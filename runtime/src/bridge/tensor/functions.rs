@@ -26,7 +26,7 @@ pub(super) fn tensor(
         .map(parse_dtype)
         .transpose()?;
     if let Ok(t) = obj.cast::<PyTensor>() {
-        let t = t.get().tensor.clone();
+        let t = t.get().tensor().clone();
         let t = match dtype {
             Some(d) => {
                 allocatable(Some(t.elem_count()), d, "a tensor")?;
@@ -83,8 +83,8 @@ pub(super) fn full(
 ) -> PyResult<PyTensor> {
     let one = tensor(py, value, dtype)?;
     let shape = shape_of(shape)?;
-    allocatable(Some(shape.elem_count()), one.tensor.dtype(), "a tensor")?;
-    one.tensor
+    allocatable(Some(shape.elem_count()), one.tensor().dtype(), "a tensor")?;
+    one.tensor()
         .reshape(())
         .and_then(|t| t.broadcast_as(shape))
         .and_then(|t| t.contiguous())
@@ -108,7 +108,7 @@ fn like(
     dtype: Option<&Bound<'_, PyAny>>,
     make: fn(&Shape, DType, &Device) -> candle_core::Result<Tensor>,
 ) -> PyResult<PyTensor> {
-    let t = &x.get().tensor;
+    let t = x.get().tensor();
     let dtype = dtype_or(dtype, t.dtype())?;
     allocatable(Some(t.elem_count()), dtype, "a tensor")?;
     make(t.shape(), dtype, t.device())
@@ -207,21 +207,21 @@ pub(super) fn where_(
     x: &Bound<'_, PyAny>,
     y: &Bound<'_, PyAny>,
 ) -> PyResult<PyTensor> {
-    let c = cond.get().tensor.clone();
+    let c = cond.get().tensor().clone();
     let (x, y) = match (x.cast::<PyTensor>(), y.cast::<PyTensor>()) {
         (Ok(a), _) => {
             let a = a.get();
             let b = a
                 .operand(py, y)?
                 .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
-            (a.tensor.clone(), b)
+            (a.tensor().clone(), b)
         }
         (_, Ok(b)) => {
             let b = b.get();
             let a = b
                 .operand(py, x)?
                 .ok_or_else(|| PyTypeError::new_err("where() takes tensors or numbers"))?;
-            (a, b.tensor.clone())
+            (a, b.tensor().clone())
         }
         _ => {
             return Err(PyTypeError::new_err(

@@ -20,24 +20,24 @@ impl PyTensor {
     /// The shape, as a tuple.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.tensor.dims())
+        PyTuple::new(py, self.tensor().dims())
     }
 
     /// The dtype's name, as candle names it (`"f32"`).
     #[getter]
     fn dtype(&self) -> &'static str {
-        self.tensor.dtype().as_str()
+        self.tensor().dtype().as_str()
     }
 
     /// `"cpu"` or `"cuda:N"`.
     #[getter]
     fn device(&self) -> String {
-        device_name(self.tensor.device())
+        device_name(self.tensor().device())
     }
 
     #[getter]
     fn ndim(&self) -> usize {
-        self.tensor.rank()
+        self.tensor().rank()
     }
 
     /// The number of elements.
@@ -46,7 +46,7 @@ impl PyTensor {
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        self.tensor
+        self.tensor()
             .dims()
             .first()
             .copied()
@@ -56,7 +56,7 @@ impl PyTensor {
     fn __repr__(&self) -> String {
         format!(
             "pyop.Tensor({}, dtype={}, device={})",
-            self.tensor,
+            self.tensor(),
             self.dtype(),
             self.device()
         )
@@ -109,7 +109,7 @@ impl PyTensor {
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         // The values in 64 bits, and a list entry for each.
         allocatable(self.n().checked_mul(2), DType::F64, "the list")?;
-        let t = self.tensor.to_device(&Device::Cpu).map_err(value_error)?;
+        let t = self.tensor().to_device(&Device::Cpu).map_err(value_error)?;
         let flat: Vec<Bound<'py, PyAny>> = if t.dtype().is_float() {
             let v = t
                 .flatten_all()
@@ -202,7 +202,7 @@ impl PyTensor {
                     crate::bridge::numbers::Scalar::UInt(u) => u as f64,
                     crate::bridge::numbers::Scalar::Float(f) => f,
                 };
-                if self.tensor.dtype().is_float() {
+                if self.tensor().dtype().is_float() {
                     let r = self.unary(py, move |t| if e == 2.0 { t.sqr() } else { t.powf(e) })?;
                     return Ok(Bound::new(py, r)?.into_any().unbind());
                 }
@@ -243,7 +243,7 @@ impl PyTensor {
     }
 
     fn __neg__(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        if self.tensor.dtype().is_float() {
+        if self.tensor().dtype().is_float() {
             self.unary(py, |t| t.neg())
         } else {
             self.int_checked(
@@ -256,14 +256,14 @@ impl PyTensor {
     }
 
     fn __pos__(&self) -> PyTensor {
-        wrap(self.tensor.clone())
+        wrap(self.tensor().clone())
     }
 
     fn __abs__(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        match self.tensor.dtype() {
+        match self.tensor().dtype() {
             d if d.is_float() => self.unary(py, |t| t.abs()),
             // Unsigned values are their own absolute values.
-            DType::U8 | DType::U32 => Ok(wrap(self.tensor.clone())),
+            DType::U8 | DType::U32 => Ok(wrap(self.tensor().clone())),
             // candle's unary kernels are float-only: |t| = max(t, 0 - t) for signed integers,
             // checked (|i64::MIN| does not fit).
             _ => self.int_checked(
@@ -324,7 +324,7 @@ impl PyTensor {
         self.math(py, "tanh", |t| t.tanh())
     }
     fn relu(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        if self.tensor.dtype().is_float() {
+        if self.tensor().dtype().is_float() {
             self.unary(py, |t| t.relu())
         } else {
             self.unary(py, |t| t.maximum(&t.zeros_like()?))
@@ -379,7 +379,7 @@ impl PyTensor {
         min: Option<&Bound<'_, PyAny>>,
         max: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyTensor> {
-        let mut r = PyTensor::new(self.tensor.clone());
+        let mut r = PyTensor::new(self.tensor().clone());
         if let Some(lo) = min.filter(|m| !m.is_none()) {
             r = r.maximum(py, lo)?;
         }
@@ -398,7 +398,7 @@ impl PyTensor {
         dim: Option<&Bound<'_, PyAny>>,
         keepdim: bool,
     ) -> PyResult<PyTensor> {
-        let dtype = self.tensor.dtype();
+        let dtype = self.tensor().dtype();
         if dtype.is_float() {
             return self.reduce(py, dim, keepdim, |t, d| t.sum_keepdim(d));
         }
@@ -407,11 +407,11 @@ impl PyTensor {
         let wide = self.reduce(py, dim, keepdim, |t, d| {
             t.to_dtype(DType::F64)?.sum_keepdim(d)
         })?;
-        check_int_range(&wide.tensor, dtype, "sum()")?;
+        check_int_range(wide.tensor(), dtype, "sum()")?;
         let sum = self.reduce(py, dim, keepdim, |t, d| {
             t.to_dtype(DType::I64)?.sum_keepdim(d)
         })?;
-        sum.tensor.to_dtype(dtype).map(wrap).map_err(value_error)
+        sum.tensor().to_dtype(dtype).map(wrap).map_err(value_error)
     }
     #[pyo3(signature = (dim=None, keepdim=false))]
     fn mean(
@@ -475,15 +475,15 @@ impl PyTensor {
     }
     fn transpose(&self, dim0: isize, dim1: isize) -> PyResult<PyTensor> {
         let (a, b) = (
-            dim(dim0, self.tensor.rank())?,
-            dim(dim1, self.tensor.rank())?,
+            dim(dim0, self.tensor().rank())?,
+            dim(dim1, self.tensor().rank())?,
         );
         self.view(move |t| t.transpose(a, b))
     }
     /// The transpose of the last two dims (a 0-d or 1-d tensor unchanged).
     fn t(&self) -> PyResult<PyTensor> {
-        if self.tensor.rank() < 2 {
-            return Ok(wrap(self.tensor.clone()));
+        if self.tensor().rank() < 2 {
+            return Ok(wrap(self.tensor().clone()));
         }
         self.view(|t| t.t())
     }
@@ -493,7 +493,7 @@ impl PyTensor {
     }
     fn unsqueeze(&self, d: isize) -> PyResult<PyTensor> {
         // A new dim may go at any of rank + 1 places; the message counts the tensor's own dims.
-        let rank = self.tensor.rank();
+        let rank = self.tensor().rank();
         let d = dim(d, rank + 1).map_err(|_| {
             PyIndexError::new_err(format!(
                 "unsqueeze({d}) is out of range for a tensor of {rank} dimensions (a new \
@@ -508,12 +508,12 @@ impl PyTensor {
     fn squeeze(&self, py: Python<'_>, dim: Option<isize>) -> PyResult<PyTensor> {
         match dim {
             Some(d) => {
-                let d = self::dim(d, self.tensor.rank())?;
+                let d = self::dim(d, self.tensor().rank())?;
                 self.view(move |t| t.squeeze(d))
             }
             None => {
                 let s: Vec<usize> = self
-                    .tensor
+                    .tensor()
                     .dims()
                     .iter()
                     .copied()
@@ -529,7 +529,7 @@ impl PyTensor {
         self.view(move |t| t.broadcast_as(s))
     }
     fn narrow(&self, d: isize, start: usize, length: usize) -> PyResult<PyTensor> {
-        let d = dim(d, self.tensor.rank())?;
+        let d = dim(d, self.tensor().rank())?;
         self.view(move |t| t.narrow(d, start, length))
     }
     /// A contiguous copy if the tensor is not contiguous.
@@ -544,8 +544,8 @@ impl PyTensor {
     /// `x[i]`, `x[a:b]`, `x[i, a:b, ...]`, and `x[index_tensor]` (along dim 0).
     fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
         if let Ok(idx) = key.cast::<PyTensor>() {
-            let idx = idx.get().tensor.clone();
-            let t = &self.tensor;
+            let idx = idx.get().tensor().clone();
+            let t = self.tensor();
             // The result has a row of `t` for every index.
             let row = t.dims().iter().skip(1).product::<usize>();
             let n = idx.elem_count().checked_mul(row);
@@ -556,13 +556,13 @@ impl PyTensor {
             Ok(t) => t.iter().collect(),
             Err(_) => vec![key.clone()],
         };
-        if keys.len() > self.tensor.rank() {
+        if keys.len() > self.tensor().rank() {
             return Err(PyIndexError::new_err(format!(
                 "too many indices for a tensor of {} dimensions",
-                self.tensor.rank()
+                self.tensor().rank()
             )));
         }
-        let mut t = self.tensor.clone();
+        let mut t = self.tensor().clone();
         let mut d = 0;
         for k in keys {
             let size = t.dims()[d];
@@ -615,7 +615,7 @@ impl PyTensor {
     }
     /// The same values, cut from the autograd graph.
     fn detach(&self) -> PyTensor {
-        self.derived(self.tensor.detach())
+        self.derived(self.tensor().detach())
     }
     /// A DLPack capsule of the tensor, without a copy (`copy=True` exports a copy): what
     /// `np.from_dlpack(x)`, `torch.from_dlpack(x)` and `cupy.from_dlpack(x)` call. Read-only for
@@ -630,7 +630,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(device) = dl_device {
-            if device != crate::bridge::dlpack::device_of(&self.tensor) {
+            if device != crate::bridge::dlpack::device_of(self.tensor()) {
                 return Err(pyo3::exceptions::PyBufferError::new_err(
                     "a pyop.Tensor exports only to its own device",
                 ));
@@ -643,10 +643,10 @@ impl PyTensor {
         // snapshots such inputs. Untracked tensors are exported without a copy.
         let t = if copy == Some(true) || self.may_be_written() {
             // Only the view's own elements, copied under the storage's read lock.
-            let t = &self.tensor;
+            let t = self.tensor();
             compute(py, t.elem_count(), || t.force_contiguous())?
         } else {
-            self.tensor.clone()
+            self.tensor().clone()
         };
         // Work candle queued on the tensor's stream is done before a consumer's stream reads it.
         crate::bridge::dlpack::export::order_for(&t, stream).map_err(value_error)?;
@@ -659,11 +659,11 @@ impl PyTensor {
     /// `(device type, device id)` as DLPack numbers them: `(1, 0)` for the CPU, `(2, n)` for
     /// CUDA device `n`.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        crate::bridge::dlpack::device_of(&self.tensor)
+        crate::bridge::dlpack::device_of(self.tensor())
     }
     /// A copy of the values as a NumPy array (needs NumPy).
     fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_numpy(py, &self.tensor)
+        to_numpy(py, self.tensor())
     }
     #[pyo3(signature = (dtype=None, copy=None))]
     fn __array__<'py>(
@@ -679,7 +679,7 @@ impl PyTensor {
                  x.numpy(), which copy",
             ));
         }
-        let a = to_numpy(py, &self.tensor)?;
+        let a = to_numpy(py, self.tensor())?;
         match dtype.filter(|d| !d.is_none()) {
             Some(d) => a.call_method1("astype", (d,)),
             None => Ok(a),

@@ -150,7 +150,7 @@ pub(super) fn tensors_of(ts: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
             t?.cast::<PyTensor>()
                 .map_err(|_| PyTypeError::new_err("expected a sequence of pyop.Tensor"))?
                 .get()
-                .tensor
+                .tensor()
                 .clone(),
         );
     }
