@@ -7,6 +7,9 @@ fn main() {
     // `Py_3_13` and kin, as pyo3's own crates see them (`python::thread_state` asks whether the
     // interpreter is finalizing by a function 3.13 renamed).
     pyo3_build_config::use_pyo3_cfgs();
+    // pyo3's own switch, set by a user's `RUSTFLAGS` (`bridge::tensor::spare` leaks a thread's
+    // spares at its end instead of dropping them where that would abort).
+    println!("cargo:rustc-check-cfg=cfg(pyo3_disable_reference_pool)");
     let cfg = pyo3_build_config::get();
     let v = cfg.version();
     println!("cargo:rustc-env=PYOP_BUILT_PYTHON={}.{}", v.major, v.minor);

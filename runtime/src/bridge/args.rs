@@ -16,14 +16,17 @@ pub(crate) enum Lists {
     AsTuples,
 }
 
-/// A call's Python positional arguments, held on the stack for the usual few, and the
-/// `pyop.Tensor`s made for them: when the arguments are dropped (after the call's outputs are read,
-/// so that an input handed back is let go too), those nothing else holds go back to the thread's
-/// spares (`tensor::spare`).
+/// A call's Python positional arguments, held on the stack for the usual few.
+pub(crate) type Items<'py> = SmallVec<[Bound<'py, PyAny>; 4]>;
+
+/// A call's Python arguments and the `pyop.Tensor`s made for them. `items` go to [`call`],
+/// which lets go of them when the body returns (inside the call's time limit: a `__del__` they
+/// trigger is Python of the call); `made` is dropped after the call's outputs are read, so that
+/// an input the body handed back is let go too, and those nothing else holds go back to the
+/// thread's spares (`tensor::spare`).
 pub(crate) struct PyArgs<'py> {
-    items: SmallVec<[Bound<'py, PyAny>; 4]>,
-    // Held for its drop, after `items`'s: the views and lists holding the objects go first.
-    _made: Made<'py>,
+    pub items: Items<'py>,
+    pub made: Made<'py>,
 }
 
 /// The Python positional arguments of a call: every argument in declaration order.
@@ -71,7 +74,7 @@ pub(crate) fn python_args<'py>(
             Arg::None => py.None().into_bound(py),
         });
     }
-    Ok(PyArgs { items, _made: made })
+    Ok(PyArgs { items, made })
 }
 
 /// [`python_args`] as one tuple (a gradient's `inputs`, `outputs` and `grads`).
@@ -88,10 +91,10 @@ pub(crate) fn python_tuple<'py>(
 }
 
 /// Calls `callable(*args, out=out)` (without `out` when it is `None`) by vectorcall, so that no
-/// argument tuple or keyword dict is made.
+/// argument tuple or keyword dict is made, and lets go of the arguments as soon as it returns.
 pub(crate) fn call<'py>(
     callable: &Bound<'py, PyAny>,
-    args: &PyArgs<'py>,
+    args: Items<'py>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = callable.py();
@@ -99,7 +102,6 @@ pub(crate) fn call<'py>(
     // (`PY_VECTORCALL_ARGUMENTS_OFFSET`); the usual few arguments sit in an array on the stack.
     let mut inline = [std::ptr::null_mut::<pyo3::ffi::PyObject>(); 6];
     let mut spilled = Vec::new();
-    let args = &args.items;
     let needed = args.len() + 1 + usize::from(out.is_some());
     let ptrs: &mut [*mut pyo3::ffi::PyObject] = if needed <= inline.len() {
         &mut inline[..needed]
@@ -131,6 +133,7 @@ pub(crate) fn call<'py>(
             kwnames.map_or(std::ptr::null_mut(), |k| k.as_ptr()),
         )
     };
+    drop(args);
     // SAFETY: the GIL is held; vectorcall returns a new reference or null with an exception set.
     unsafe { Bound::from_owned_ptr_or_err(py, result) }
 }

@@ -14,7 +14,7 @@ use super::autograd;
 use super::worker_call;
 use super::{CallOptions, OpInner};
 use crate::arg::Arg;
-use crate::bridge::args::{python_args, Lists};
+use crate::bridge::args::{python_args, Lists, PyArgs};
 use crate::bridge::out::out_buffers;
 use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Outputs, Role};
 use crate::bridge::prepare::{Passing, Prepared, PreparedInputs};
@@ -178,7 +178,11 @@ fn run_body(
     }
     let tout = op.resolved_tout(args)?;
     let tout = &*tout;
-    let py_args = python_args(py, passing, args, prepared, Lists::AsLists)
+    // `_made` outlives the outputs' check (see `PyArgs`).
+    let PyArgs {
+        items: py_args,
+        made: _made,
+    } = python_args(py, passing, args, prepared, Lists::AsLists)
         .map_err(|e| python_error(py, &op.name, e))?;
     let check = OutputCheck {
         op: &op.name,
@@ -200,9 +204,8 @@ fn run_body(
     if let Some(shapes) = shapes {
         let out = out_buffers(py, tout, shapes).map_err(|e| e.with_op(Some(&op.name)))?;
         let returned = run_limited(py, &op.name, timeout, || {
-            crate::bridge::args::call(&body, &py_args, Some(&out.arg))
+            crate::bridge::args::call(&body, py_args, Some(&out.arg))
         })?;
-        drop(py_args);
         return out.finish(&check, returned);
     }
     // Large arrays a numpy-mode body makes come from the allocator candle frees into, with
@@ -213,11 +216,7 @@ fn run_body(
         crate::python::numpy_alloc::enter(py, align)
     });
     let returned = run_limited(py, &op.name, timeout, || {
-        crate::bridge::args::call(&body, &py_args, None)
+        crate::bridge::args::call(&body, py_args, None)
     })?;
-    // The arguments outlive the outputs' check, so that an input object the body handed back
-    // is not held by the check when they go: then it goes back to the thread's spares.
-    let outputs = outputs_from_python(py, &check, returned);
-    drop(py_args);
-    outputs
+    outputs_from_python(py, &check, returned)
 }

@@ -50,7 +50,8 @@ pub struct PyTensor {
 // reference that counts (a `Py`, a `Bound`, a frame's argument), and a thread without the GIL
 // cannot take or give up a reference (pyo3 defers its decrements to the next thread that
 // attaches), so no other thread or frame can read the fields while they are written. Otherwise
-// they are read only, as a `frozen` class's are.
+// they are read only, as a `frozen` class's are. On a free-threaded CPython the store keeps
+// nothing, so nothing writes them.
 unsafe impl Sync for PyTensor {}
 
 /// What a `pyop.Tensor` holds.

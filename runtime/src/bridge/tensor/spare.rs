@@ -18,7 +18,12 @@
 //!
 //! The store lives in a `thread_local!`; when the thread ends, its spares go to pyo3's deferred
 //! reference pool (they are let go by the next thread that takes the GIL), so nothing touches
-//! Python from a thread-local destructor.
+//! Python from a thread-local destructor. Built with that pool turned off
+//! (`--cfg pyo3_disable_reference_pool`, where such a drop would abort), they are leaked instead.
+//!
+//! On a free-threaded CPython (`Py_GIL_DISABLED`) a reference count of one read by this thread
+//! does not exclude another thread taking a reference at that moment: the store keeps nothing
+//! there, and every input gets a new object, as before.
 
 use std::cell::RefCell;
 
@@ -37,6 +42,21 @@ struct Store {
     /// counter).
     empty: Option<Tensor>,
 }
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // Without pyo3's deferred reference pool, dropping a `Py` on a thread that is not
+        // attached aborts the process: a thread's few spares are leaked instead.
+        #[cfg(pyo3_disable_reference_pool)]
+        for spare in self.spares.drain(..) {
+            std::mem::forget(spare);
+        }
+    }
+}
+
+/// Whether a reference count of one, read with the GIL held, means no other thread can take a
+/// reference before this one lets go of the GIL (not so without a GIL).
+const KEEPS_SPARES: bool = !cfg!(Py_GIL_DISABLED);
 
 thread_local! {
     static STORE: RefCell<Store> = const {
@@ -113,6 +133,9 @@ impl Drop for Made<'_> {
 
 /// A spare from this thread's store whose only reference is the store's, now the caller's.
 fn take(py: Python<'_>) -> Option<Bound<'_, PyTensor>> {
+    if !KEEPS_SPARES {
+        return None;
+    }
     STORE
         .try_with(|store| {
             let mut store = store.try_borrow_mut().ok()?;
@@ -131,7 +154,7 @@ fn take(py: Python<'_>) -> Option<Bound<'_, PyTensor>> {
 /// Keeps `object` in this thread's store, emptied, if nothing else references it; else lets it
 /// go.
 fn give_back(object: Bound<'_, PyTensor>) {
-    if refs(&object) != 1 {
+    if !KEEPS_SPARES || refs(&object) != 1 {
         return;
     }
     let _ = STORE.try_with(|store| {
