@@ -1143,3 +1143,84 @@ fn view_bases_are_reused_only_when_no_one_else_holds_them() {
     }
     assert!(found > 0, "no spare found");
 }
+
+/// Input views (the array, its root and base) are kept per thread and refilled for later calls
+/// only when nothing can reach any part of them (`bridge::tensor::spare`), and a body cannot
+/// tell: arrays (or roots) it kept keep their values, its weak references to them die when the
+/// call ends, and every array it gets has the values, shape, strides and flags of a new array
+/// over its input (those NumPy gives `x.view()` and the root), whatever an earlier call did to
+/// its arrays: reshaped them in place (to another rank too), took a buffer of one, handed one back.
+#[test]
+fn input_views_are_reused_only_when_nothing_can_reach_them() {
+    let op = PyOp::builder("reuseview")
+        .code(
+            "import weakref\n\
+             import numpy as np\n\
+             kept, weak = [], []\n\
+             def flags(a):\n\
+             \x20   return [a.flags[k] for k in ('C', 'F', 'A', 'W', 'O')]\n\
+             def f(xs, how):\n\
+             \x20   for a, values in kept:\n\
+             \x20       assert a.tolist() == values, (a.tolist(), values)\n\
+             \x20   for r in weak:\n\
+             \x20       assert r() is None\n\
+             \x20   for x in xs:\n\
+             \x20       assert flags(x) == flags(x.base) == flags(x.view()), (flags(x), flags(x.base))\n\
+             \x20       assert not x.flags.writeable and not x.base.flags.writeable\n\
+             \x20       assert (x.base.shape, x.base.strides) == (x.shape, x.strides)\n\
+             \x20   x = xs[0]\n\
+             \x20   y, strides = x * 2, np.array(x.strides, dtype=np.int64)\n\
+             \x20   if how == 1:\n\
+             \x20       kept.append((x, x.tolist()))\n\
+             \x20   elif how == 2:\n\
+             \x20       kept.append((x.base, x.tolist()))\n\
+             \x20   elif how == 3:\n\
+             \x20       weak.append(weakref.ref(x))\n\
+             \x20   elif how == 4:\n\
+             \x20       weak.append(weakref.ref(xs[-1].base))\n\
+             \x20   elif how == 5:\n\
+             \x20       memoryview(xs[-1]).release()\n\
+             \x20   elif how == 6 and x.ndim == 2 and x.flags.c_contiguous:\n\
+             \x20       for v in xs[1:]:\n\
+             \x20           v.shape = v.shape[::-1]\n\
+             \x20       x.shape = (-1,)\n\
+             \x20   elif how == 7:\n\
+             \x20       return x, strides\n\
+             \x20   return y, strides\n",
+        )
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::F64), OutSpec::new(DType::I64)])
+        .build()
+        .unwrap();
+    for i in 0..96usize {
+        // Ranks 0, 1 and 2 (C-ordered and transposed) in turn, of changing sizes.
+        let n = 1 + i % 4;
+        let x = Tensor::arange((i * 10) as f64, (i * 10 + 2 * n) as f64, &cpu()).unwrap();
+        let x = match i % 4 {
+            0 => x.sum_all().unwrap(),
+            1 => x,
+            2 => x.reshape((2, n)).unwrap(),
+            _ => x.reshape((2, n)).unwrap().t().unwrap(),
+        };
+        let how = (i / 4 % 8) as i64;
+        let xs = if i % 3 == 0 {
+            vec![x.clone()]
+        } else {
+            vec![x.clone(), x.clone(), x.clone()]
+        };
+        let out = op
+            .call(&[Arg::from(&xs[..]), Arg::I64(how)])
+            .unwrap_or_else(|e| panic!("call {i} (how {how}): {e}"));
+        let factor = if how == 7 { 1. } else { 2. };
+        let want = (&x * factor).unwrap();
+        assert_eq!(out[0].dims(), want.dims(), "call {i}");
+        assert_eq!(
+            out[0].flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+            "call {i}"
+        );
+        let strides: Vec<i64> = x.stride().iter().map(|&s| 8 * s as i64).collect();
+        assert_eq!(out[1].to_vec1::<i64>().unwrap(), strides, "call {i}");
+    }
+}

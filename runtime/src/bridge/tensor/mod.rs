@@ -44,7 +44,7 @@ pub struct PyTensor {
     fields: UnsafeCell<Fields>,
 }
 
-// SAFETY: `fields` is written only by `spare::refill`/`spare::park`, with the GIL held, while
+// SAFETY: `fields` is written only by `spare::replace`, with the GIL held, while
 // the caller holds the object's only reference (its reference count is one, read under the GIL,
 // and no Python code runs until the write is done). Every `&PyTensor` anywhere is borrowed from a
 // reference that counts (a `Py`, a `Bound`, a frame's argument), and a thread without the GIL

@@ -16,6 +16,15 @@
 //!   empty tensor, and while the finder holds it the store's count check skips it.
 //! - The same address for a new call's input is what CPython's allocator would often give too.
 //!
+//! Numpy mode keeps its whole input view (the array handed to the body, its hidden root, and the
+//! `pyop.Tensor` under them: `view::numpy_view`) the same way, with NumPy 1.22 or later: given
+//! back only when nothing can reach any part of it (`view::view_parts`: counts of one along the
+//! chain, no weak reference, no buffer handed out), its arrays made empty and its base emptied;
+//! taken by the next input of the same rank and dtype, which gets its data, shape and strides
+//! written in and NumPy's flags for them (`ViewParts::refill`). NumPy arrays are not tracked by
+//! the garbage collector, so a kept view cannot be found; its base can, and one found and held
+//! lets the view go when it is next taken.
+//!
 //! The store lives in a `thread_local!`; when the thread ends, its spares go to pyo3's deferred
 //! reference pool (they are let go by the next thread that takes the GIL), so nothing touches
 //! Python from a thread-local destructor. Built with that pool turned off
@@ -32,12 +41,16 @@ use pyo3::prelude::*;
 use smallvec::SmallVec;
 
 use super::{Fields, PyTensor};
+use crate::bridge::prepare::Prepared;
+use crate::bridge::view;
 
 /// How many spares a thread keeps: enough for the inputs of the usual op, nested once.
 const KEEP: usize = 8;
 
 struct Store {
     spares: Vec<Py<PyTensor>>,
+    /// Numpy mode's input views, each with its root and base (`view::view_parts`), emptied.
+    views: Vec<SpareView>,
     /// What an emptied spare holds (one per thread: cloning it touches no other thread's
     /// counter).
     empty: Option<Tensor>,
@@ -48,10 +61,18 @@ impl Drop for Store {
         // Without pyo3's deferred reference pool, dropping a `Py` on a thread that is not
         // attached aborts the process: a thread's few spares are leaked instead.
         #[cfg(pyo3_disable_reference_pool)]
-        for spare in self.spares.drain(..) {
-            std::mem::forget(spare);
+        {
+            self.spares.drain(..).for_each(std::mem::forget);
+            self.views.drain(..).for_each(|v| std::mem::forget(v.view));
         }
     }
+}
+
+/// A kept NumPy input view, with its rank and dtype object (which nothing can change while it is
+/// kept: nothing else reaches the arrays).
+struct SpareView {
+    view: Py<PyAny>,
+    kind: (usize, *mut numpy::npyffi::PyArray_Descr),
 }
 
 /// Whether a reference count of one, read with the GIL held, means no other thread can take a
@@ -62,15 +83,21 @@ thread_local! {
     static STORE: RefCell<Store> = const {
         RefCell::new(Store {
             spares: Vec::new(),
+            views: Vec::new(),
             empty: None,
         })
     };
 }
 
-/// The `pyop.Tensor` objects a call made for its inputs, given back to this thread's store when
-/// dropped (after everything else of the call that referenced them is gone).
+/// The `pyop.Tensor` objects or NumPy views a call made for its inputs (one kind per call: its
+/// mode's), given back to this thread's store when dropped (after everything else of the call
+/// that referenced them is gone).
 #[derive(Default)]
-pub(crate) struct Made<'py>(SmallVec<[Bound<'py, PyTensor>; 4]>);
+pub(crate) struct Made<'py> {
+    made: SmallVec<[Bound<'py, PyAny>; 4]>,
+    /// Whether `made` holds views (`view::numpy_view`), not `pyop.Tensor`s.
+    views: bool,
+}
 
 impl<'py> Made<'py> {
     /// A `pyop.Tensor` for a call's input (tensor mode): a spare refilled, or a new object.
@@ -109,26 +136,102 @@ impl<'py> Made<'py> {
     }
 
     fn object(&mut self, py: Python<'py>, fields: Fields) -> PyResult<Bound<'py, PyTensor>> {
-        let object = match take(py) {
-            Some(spare) => {
-                // SAFETY: `take` hands out a spare only with the store's reference its only one,
-                // now this function's; no Python code has run since it was counted.
-                let _emptied = unsafe { replace(&spare, fields) };
-                spare
-            }
-            None => Bound::new(py, PyTensor::of(fields))?,
-        };
-        self.0.push(object.clone());
+        let object = fresh(py, fields)?;
+        debug_assert!(!self.views, "one kind per call");
+        self.made.push(object.clone().into_any());
         Ok(object)
+    }
+
+    /// The base object of a new NumPy input view (see [`Made::view_base`]), given back with the
+    /// view ([`Made::keep_view`]), not on its own.
+    pub(crate) fn fresh_view_base(
+        &mut self,
+        py: Python<'py>,
+        tensor: Tensor,
+        data: usize,
+    ) -> PyResult<Bound<'py, PyTensor>> {
+        fresh(
+            py,
+            Fields {
+                view_data: data,
+                ..Fields::new(tensor)
+            },
+        )
+    }
+
+    /// A new NumPy input view, its root and base (`view::numpy_view`), to be given back whole.
+    pub(crate) fn keep_view(&mut self, view: Bound<'py, PyAny>) {
+        debug_assert!(self.views || self.made.is_empty(), "one kind per call");
+        self.views = true;
+        self.made.push(view);
+    }
+
+    /// A spare NumPy input view of rank `nd` and dtype object `descr` from this thread's store,
+    /// refilled with `p` (its base holding `p`'s tensor), or `None`.
+    pub(crate) fn spare_view(
+        &mut self,
+        py: Python<'py>,
+        nd: usize,
+        descr: *mut numpy::npyffi::PyArray_Descr,
+        p: &Prepared,
+    ) -> Option<Bound<'py, PyAny>> {
+        if !KEEPS_SPARES {
+            return None;
+        }
+        let view = STORE
+            .try_with(|store| {
+                let mut store = store.try_borrow_mut().ok()?;
+                let i = store.views.iter().rposition(|v| v.kind == (nd, descr))?;
+                Some(store.views.swap_remove(i).view.into_bound(py))
+            })
+            .ok()
+            .flatten()?;
+        // SAFETY: the GIL is held; the view was kept only where NumPy lays arrays out as
+        // `view_parts` reads them. The store's reference was its only one, now this function's.
+        // `None` where the base was found (`gc.get_objects()`) and is held: the view is let go.
+        let parts = unsafe { view::view_parts(py, &view) }?;
+        // SAFETY: the base's only reference is the root's, reached only through this function's
+        // view; no Python code has run since it was counted.
+        let _emptied = unsafe {
+            replace(
+                &parts.base(),
+                Fields {
+                    view_data: p.data,
+                    ..Fields::new(p.tensor.clone())
+                },
+            )
+        };
+        // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by them), and the
+        // base holds it now.
+        unsafe { parts.refill(p) };
+        self.keep_view(view.clone());
+        Some(view)
     }
 }
 
 impl Drop for Made<'_> {
     fn drop(&mut self) {
-        for object in self.0.drain(..) {
-            give_back(object);
+        for object in self.made.drain(..) {
+            if self.views {
+                give_back_view(object);
+            } else if let Ok(object) = object.cast_into::<PyTensor>() {
+                give_back(object);
+            }
         }
     }
+}
+
+/// A `pyop.Tensor` holding `fields`: a spare refilled, or a new object.
+fn fresh(py: Python<'_>, fields: Fields) -> PyResult<Bound<'_, PyTensor>> {
+    Ok(match take(py) {
+        Some(spare) => {
+            // SAFETY: `take` hands out a spare only with the store's reference its only one, now
+            // this function's; no Python code has run since it was counted.
+            let _emptied = unsafe { replace(&spare, fields) };
+            spare
+        }
+        None => Bound::new(py, PyTensor::of(fields))?,
+    })
 }
 
 /// A spare from this thread's store whose only reference is the store's, now the caller's.
@@ -164,12 +267,8 @@ fn give_back(object: Bound<'_, PyTensor>) {
         if store.spares.len() >= KEEP {
             return;
         }
-        let empty = match &store.empty {
-            Some(empty) => empty.clone(),
-            None => match Tensor::zeros(0, DType::U8, &Device::Cpu) {
-                Ok(empty) => store.empty.insert(empty).clone(),
-                Err(_) => return,
-            },
+        let Some(empty) = empty_tensor(&mut store) else {
+            return;
         };
         // SAFETY: the reference count read above is one, `object`'s own, and no Python code
         // has run since; `object` is this function's.
@@ -178,6 +277,54 @@ fn give_back(object: Bound<'_, PyTensor>) {
         // The input's tensor (and its storage) is let go here, as if the object had been freed.
         drop(input);
     });
+}
+
+/// Keeps a NumPy input view (with its root and base) in this thread's store, emptied, if nothing
+/// else can reach any part of it (`view::view_parts`); else lets it go.
+fn give_back_view(view: Bound<'_, PyAny>) {
+    if !KEEPS_SPARES {
+        return;
+    }
+    let py = view.py();
+    // SAFETY: the GIL is held; the view was made by `view::numpy_view`, only where NumPy lays
+    // arrays out as `view_parts` reads them.
+    let Some(parts) = (unsafe { view::view_parts(py, &view) }) else {
+        return;
+    };
+    let kind = parts.kind();
+    let _ = STORE.try_with(|store| {
+        let Ok(mut store) = store.try_borrow_mut() else {
+            return;
+        };
+        if store.views.len() >= KEEP {
+            return;
+        }
+        let Some(empty) = empty_tensor(&mut store) else {
+            return;
+        };
+        // SAFETY: the parts were counted above with no Python code run since; the base's only
+        // reference is the root's, reached only through `view`, this function's.
+        let input = unsafe {
+            parts.empty();
+            replace(&parts.base(), Fields::new(empty))
+        };
+        store.views.push(SpareView {
+            view: view.unbind(),
+            kind,
+        });
+        // The input's tensor (and its storage) is let go here, as if the view had been freed.
+        drop(input);
+    });
+}
+
+/// This thread's empty tensor, made once.
+fn empty_tensor(store: &mut Store) -> Option<Tensor> {
+    match &store.empty {
+        Some(empty) => Some(empty.clone()),
+        None => Tensor::zeros(0, DType::U8, &Device::Cpu)
+            .ok()
+            .map(|empty| store.empty.insert(empty).clone()),
+    }
 }
 
 fn refs(object: &Bound<'_, PyTensor>) -> isize {
@@ -245,6 +392,161 @@ mod tests {
                 .unwrap();
             assert!(!y.is(&kept));
             assert_eq!(kept.get().tensor().to_vec1::<f32>().unwrap(), [1., 2.]);
+        });
+    }
+
+    /// An input view of `t` as numpy mode makes it, with `made`.
+    fn view_of<'py>(py: Python<'py>, made: &mut Made<'py>, t: &Tensor) -> Bound<'py, PyAny> {
+        crate::python::env::init(py).unwrap();
+        crate::python::numpy::ensure_numpy(py, None).unwrap();
+        let p = Prepared {
+            tensor: t.clone(),
+            data: crate::bridge::prepare::cpu_data_ptr(t),
+            shares_var: false,
+        };
+        view::numpy_view(py, &p, made).unwrap()
+    }
+
+    fn kept_views() -> Vec<usize> {
+        STORE.with(|s| {
+            let store = s.borrow();
+            store
+                .views
+                .iter()
+                .map(|v| v.view.as_ptr() as usize)
+                .collect()
+        })
+    }
+
+    /// Runs `code` with `x` bound, giving back the value of its last line's expression `r`.
+    fn run<'py>(py: Python<'py>, code: &str, x: &Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+        let locals = pyo3::types::PyDict::new(py);
+        locals.set_item("x", x).unwrap();
+        let code = std::ffi::CString::new(code).unwrap();
+        py.run(&code, None, Some(&locals)).unwrap();
+        locals.get_item("r").unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_view_nothing_else_reaches_is_kept_emptied_and_refilled_with_numpys_flags() {
+        with_py(|py| {
+            let a = Tensor::arange(0f64, 6., &Device::Cpu)
+                .unwrap()
+                .reshape((2, 3))
+                .unwrap();
+            let first = {
+                let mut made = Made::default();
+                let x = view_of(py, &mut made, &a);
+                x.as_ptr() as usize
+            };
+            assert_eq!(kept_views().last(), Some(&first));
+            // Emptied: no dimension, nobody's memory, an empty base.
+            let shape = STORE.with(|s| {
+                let store = s.borrow();
+                let v = store.views.last().unwrap().view.bind(py);
+                let base = v.getattr("base").unwrap().getattr("base").unwrap();
+                assert_eq!(
+                    base.cast::<PyTensor>().unwrap().get().tensor().elem_count(),
+                    0
+                );
+                v.getattr("shape")
+                    .unwrap()
+                    .extract::<(usize, usize)>()
+                    .unwrap()
+            });
+            assert_eq!(shape, (0, 0));
+            // Refilled with a transposed tensor of another shape: its values, shape, strides and
+            // NumPy's flags for that layout (those of a new array over it), base and root too.
+            let b = Tensor::arange(10f64, 22., &Device::Cpu)
+                .unwrap()
+                .reshape((3, 4))
+                .unwrap()
+                .t()
+                .unwrap();
+            let mut made = Made::default();
+            let y = view_of(py, &mut made, &b);
+            assert_eq!(y.as_ptr() as usize, first);
+            let got = run(
+                py,
+                "import numpy as np\n\
+                 def flags(a):\n\
+                 \x20   return [a.flags[k] for k in ('C', 'F', 'A', 'W', 'O')]\n\
+                 r = (x.tolist(), x.strides, flags(x), flags(x.base), flags(x.view()),\n\
+                 \x20    flags(np.lib.stride_tricks.as_strided(x)))",
+                &y,
+            );
+            type Flags = Vec<bool>;
+            type Got = (Vec<Vec<f64>>, (isize, isize), Flags, Flags, Flags, Flags);
+            let (values, strides, flags, root, viewed, strided): Got = got.extract().unwrap();
+            assert_eq!(values, b.to_vec2::<f64>().unwrap());
+            assert_eq!(strides, (8, 32));
+            assert_eq!(flags, [false, true, true, false, false]);
+            assert_eq!((&root, &viewed), (&flags, &flags));
+            assert_eq!(strided[..3], flags[..3]);
+            let base = y.getattr("base").unwrap().getattr("base").unwrap();
+            let base = base.cast::<PyTensor>().unwrap().get();
+            assert_eq!(
+                base.tensor().to_vec2::<f64>().unwrap(),
+                b.to_vec2::<f64>().unwrap()
+            );
+            assert_eq!(
+                base.view_data(),
+                Some(crate::bridge::prepare::cpu_data_ptr(&b))
+            );
+        });
+    }
+
+    #[test]
+    fn a_view_with_a_weak_reference_or_a_buffer_handed_out_is_let_go() {
+        // Each line but the first leaves the view or its root reachable, or NumPy holding a
+        // buffer description of one (at the field the store reads: a check of NumPy's layout on
+        // this version).
+        for (code, weak) in [
+            ("r = x.sum()", false),
+            ("import weakref; r = weakref.ref(x)", true),
+            ("import weakref; r = weakref.ref(x.base)", true),
+            ("memoryview(x).release(); r = None", false),
+            ("memoryview(x.base).release(); r = None", false),
+            ("r = x.base", false),
+            ("r = x.base.base", false),
+        ] {
+            with_py(|py| {
+                let a = Tensor::arange(0f32, 4., &Device::Cpu).unwrap();
+                let (held, x) = {
+                    let mut made = Made::default();
+                    let x = view_of(py, &mut made, &a);
+                    (run(py, code, &x).unbind(), x.as_ptr() as usize)
+                };
+                let kept = kept_views().contains(&x);
+                assert_eq!(kept, code.starts_with("r = x.sum"), "{code}");
+                if weak {
+                    // The view or root went: the weak reference is dead.
+                    assert!(held.bind(py).call0().unwrap().is_none(), "{code}");
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn a_spare_view_whose_base_someone_holds_again_is_let_go() {
+        with_py(|py| {
+            let a = Tensor::arange(0f32, 4., &Device::Cpu).unwrap();
+            drop(view_of(py, &mut Made::default(), &a));
+            // Its base held again (as `gc.get_objects()` would hand it to a body).
+            let found = STORE.with(|s| {
+                let store = s.borrow();
+                let v = store.views.last().unwrap().view.bind(py);
+                v.getattr("base").unwrap().getattr("base").unwrap().unbind()
+            });
+            let spares = kept_views().len();
+            let mut made = Made::default();
+            let y = view_of(py, &mut made, &a);
+            // A new view over another base; the spare was let go (not put back).
+            let base = y.getattr("base").unwrap().getattr("base").unwrap();
+            assert!(!base.is(found.bind(py)));
+            assert_eq!(kept_views().len(), spares - 1);
+            let found = found.bind(py).cast::<PyTensor>().unwrap().get();
+            assert_eq!(found.tensor().elem_count(), 0);
         });
     }
 
