@@ -292,16 +292,12 @@ fn give_back_view(view: Bound<'_, PyAny>) {
         return;
     };
     let kind = parts.kind();
-    let _ = STORE.try_with(|store| {
-        let Ok(mut store) = store.try_borrow_mut() else {
-            return;
-        };
-        if store.views.len() >= KEEP {
-            return;
-        }
-        let Some(empty) = empty_tensor(&mut store) else {
-            return;
-        };
+    let evicted = STORE.try_with(|store| {
+        let mut store = store.try_borrow_mut().ok()?;
+        let empty = empty_tensor(&mut store)?;
+        // Full: the view kept longest goes (its rank or dtype may be one this thread no longer
+        // sees), let go below, outside the store.
+        let evicted = (store.views.len() >= KEEP).then(|| store.views.remove(0));
         // SAFETY: the parts were counted above with no Python code run since; the base's only
         // reference is the root's, reached only through `view`, this function's.
         let input = unsafe {
@@ -314,7 +310,9 @@ fn give_back_view(view: Bound<'_, PyAny>) {
         });
         // The input's tensor (and its storage) is let go here, as if the view had been freed.
         drop(input);
+        evicted
     });
+    drop(evicted);
 }
 
 /// This thread's empty tensor, made once.
@@ -525,6 +523,29 @@ mod tests {
                 }
             });
         }
+    }
+
+    #[test]
+    fn a_full_store_lets_its_oldest_view_go_for_a_new_one() {
+        with_py(|py| {
+            let rank2 = Tensor::zeros((2, 2), DType::F32, &Device::Cpu).unwrap();
+            // KEEP views of rank 2 given back together fill the store.
+            {
+                let mut made = Made::default();
+                for _ in 0..KEEP {
+                    view_of(py, &mut made, &rank2);
+                }
+            }
+            let kept = kept_views();
+            assert_eq!(kept.len(), KEEP);
+            let rank1 = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+            let x = {
+                let mut made = Made::default();
+                let x = view_of(py, &mut made, &rank1);
+                x.as_ptr() as usize
+            };
+            assert_eq!(kept_views(), [&kept[1..], &[x]].concat());
+        });
     }
 
     #[test]
