@@ -1224,3 +1224,53 @@ fn input_views_are_reused_only_when_nothing_can_reach_them() {
         assert_eq!(out[1].to_vec1::<i64>().unwrap(), strides, "call {i}");
     }
 }
+
+/// A registered gradient's views (inputs, outputs, grads) go back to the thread's spares after
+/// it returns like a forward call's: gradient calls leave the store as full as they found it
+/// (they emptied it: the tuples still held the views when their objects were given back).
+#[test]
+fn gradient_calls_give_their_views_back_to_the_spares() {
+    let op = PyOp::builder("gradspares")
+        .code(
+            "import gc\n\
+             import numpy as np\n\
+             import pyop\n\
+             def spares():\n\
+             \x20   return sum(1 for o in gc.get_objects() if type(o) is pyop.Tensor and o.shape == (0,))\n\
+             def f(xs):\n\
+             \x20   return xs[0] * 2, np.int64(spares())\n\
+             def f_grad(inputs, outputs, grads):\n\
+             \x20   return ([grads[0] * 2] + [None] * (len(inputs[0]) - 1),)\n",
+        )
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::F64), OutSpec::new(DType::I64)])
+        .gradient("f_grad")
+        .build()
+        .unwrap();
+    let x = Tensor::arange(0f64, 3., &cpu()).unwrap();
+    let var = pyop::candle::Var::from_tensor(&x).unwrap();
+    let many = vec![x.clone(); 6];
+    let spares = |xs: &[Tensor]| {
+        let out = op.call(&[Arg::from(xs)]).unwrap();
+        assert_eq!(out[0].to_vec1::<f64>().unwrap(), [0., 2., 4.]);
+        out[1].to_scalar::<i64>().unwrap()
+    };
+    spares(&many);
+    let before = spares(&many[..1]);
+    assert!(before > 0, "no spare kept");
+    for _ in 0..3 {
+        let y = op
+            .call(&[Arg::from(&[var.as_tensor().clone()][..])])
+            .unwrap();
+        let grads = y[0].sum_all().unwrap().backward().unwrap();
+        assert_eq!(
+            grads.get(&var).unwrap().to_vec1::<f64>().unwrap(),
+            [2., 2., 2.]
+        );
+    }
+    assert!(
+        spares(&many[..1]) >= before,
+        "gradient calls emptied the spares"
+    );
+}

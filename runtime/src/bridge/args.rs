@@ -77,17 +77,17 @@ pub(crate) fn python_args<'py>(
     Ok(PyArgs { items, made })
 }
 
-/// [`python_args`] as one tuple (a gradient's `inputs`, `outputs` and `grads`).
+/// [`python_args`] as one tuple (a gradient's `inputs`, `outputs` and `grads`), and the objects
+/// made for it, to be dropped after the tuple and whatever the gradient returned (as
+/// [`PyArgs::made`]: only then can they go back to the thread's spares).
 pub(crate) fn python_tuple<'py>(
     py: Python<'py>,
     passing: Passing,
     args: &[Arg<'_>],
     prepared: &[Prepared],
-) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(
-        py,
-        &python_args(py, passing, args, prepared, Lists::AsTuples)?.items,
-    )
+) -> PyResult<(Bound<'py, PyTuple>, Made<'py>)> {
+    let PyArgs { items, made } = python_args(py, passing, args, prepared, Lists::AsTuples)?;
+    Ok((PyTuple::new(py, items)?, made))
 }
 
 /// Calls `callable(*args, out=out)` (without `out` when it is `None`) by vectorcall, so that no

@@ -290,8 +290,14 @@ impl Node {
         op.run_python(&device, |py| {
             // The limit covers the gradient and the check of what it returned.
             let _deadline = crate::python::timeout::Deadline::enter(op.timeout);
-            let tuples = |a: &[Arg<'_>], p: &[Prepared]| {
-                python_tuple(py, op.passing(), a, p).map_err(|e| python_error(py, &op.name, e))
+            // Dropped last, after the tuples and what the gradient returned, so that the objects
+            // nothing else holds go back to the thread's spares.
+            let mut made = smallvec::SmallVec::<[_; 3]>::new();
+            let mut tuples = |a: &[Arg<'_>], p: &[Prepared]| {
+                let (tuple, objects) = python_tuple(py, op.passing(), a, p)
+                    .map_err(|e| python_error(py, &op.name, e))?;
+                made.push(objects);
+                Ok::<_, crate::error::Error>(tuple)
             };
             let inputs = tuples(&args, &self.prepared)?;
             let outs: Vec<Arg<'_>> = self.outputs.iter().map(Arg::Tensor).collect();
