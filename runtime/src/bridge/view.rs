@@ -71,11 +71,13 @@ fn spare_views(py: Python<'_>) -> bool {
 
 /// The parts of an input view as [`numpy_view`] makes it: the array handed to the body, its
 /// hidden root, and the `pyop.Tensor` under both.
-pub(crate) struct ViewParts<'py> {
+pub(crate) struct ViewParts<'a, 'py> {
     py: Python<'py>,
     view: *mut ArrayObject,
     root: *mut ArrayObject,
     base: *mut pyo3::ffi::PyObject,
+    /// The view they were read from, which keeps them alive.
+    _view: std::marker::PhantomData<&'a Bound<'py, PyAny>>,
 }
 
 /// `view`'s parts, if it is an input view as [`numpy_view`] made it and nothing but the caller's
@@ -92,10 +94,10 @@ pub(crate) struct ViewParts<'py> {
 /// The GIL is held (`view` proves it) and the loaded NumPy lays arrays out as [`ArrayObject`]
 /// ([`spare_views`]). The parts may be written, through [`refill`] and [`empty`], until the
 /// caller lets go of `view` or runs Python code.
-pub(crate) unsafe fn view_parts<'py>(
+pub(crate) unsafe fn view_parts<'a, 'py>(
     py: Python<'py>,
-    view: &Bound<'py, PyAny>,
-) -> Option<ViewParts<'py>> {
+    view: &'a Bound<'py, PyAny>,
+) -> Option<ViewParts<'a, 'py>> {
     use pyo3::ffi::{Py_REFCNT, Py_TYPE};
     use pyo3::type_object::PyTypeInfo;
     // SAFETY: NumPy is loaded (the caller made arrays); its ndarray type object.
@@ -140,21 +142,22 @@ pub(crate) unsafe fn view_parts<'py>(
             view,
             root,
             base,
+            _view: std::marker::PhantomData,
         })
     }
 }
 
-impl<'py> ViewParts<'py> {
+impl<'py> ViewParts<'_, 'py> {
     /// The `pyop.Tensor` under the arrays.
     pub(crate) fn base(&self) -> Borrowed<'_, 'py, PyTensor> {
-        // SAFETY: the root's base, checked to be an exact `pyop.Tensor`, alive while the view is
-        // (see `view_parts`).
+        // SAFETY: the root's base, checked to be an exact `pyop.Tensor`, alive while the view is,
+        // which `self` borrows (see `view_parts`).
         unsafe { Borrowed::from_ptr(self.py, self.base).cast_unchecked::<PyTensor>() }
     }
 
     /// The rank and dtype object of both arrays.
     pub(crate) fn kind(&self) -> (usize, *mut npyffi::PyArray_Descr) {
-        // SAFETY: the arrays are alive (see `view_parts`).
+        // SAFETY: the arrays are alive while the view is, which `self` borrows.
         let f = unsafe { &(*self.view).array.fields };
         (f.nd as usize, f.descr)
     }

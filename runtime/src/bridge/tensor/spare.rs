@@ -186,24 +186,27 @@ impl<'py> Made<'py> {
             })
             .ok()
             .flatten()?;
-        // SAFETY: the GIL is held; the view was kept only where NumPy lays arrays out as
-        // `view_parts` reads them. The store's reference was its only one, now this function's.
-        // `None` where the base was found (`gc.get_objects()`) and is held: the view is let go.
-        let parts = unsafe { view::view_parts(py, &view) }?;
-        // SAFETY: the base's only reference is the root's, reached only through this function's
-        // view; no Python code has run since it was counted.
-        let _emptied = unsafe {
-            replace(
-                &parts.base(),
-                Fields {
-                    view_data: p.data,
-                    ..Fields::new(p.tensor.clone())
-                },
-            )
-        };
-        // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by them), and the
-        // base holds it now.
-        unsafe { parts.refill(p) };
+        {
+            // SAFETY: the GIL is held; the view was kept only where NumPy lays arrays out as
+            // `view_parts` reads them. The store's reference was its only one, now this
+            // function's. `None` where the base was found (`gc.get_objects()`) and is held: the
+            // view is let go.
+            let parts = unsafe { view::view_parts(py, &view) }?;
+            // SAFETY: the base's only reference is the root's, reached only through this
+            // function's view; no Python code has run since it was counted.
+            let _emptied = unsafe {
+                replace(
+                    &parts.base(),
+                    Fields {
+                        view_data: p.data,
+                        ..Fields::new(p.tensor.clone())
+                    },
+                )
+            };
+            // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by them), and
+            // the base holds it now.
+            unsafe { parts.refill(p) };
+        }
         self.keep_view(view.clone());
         Some(view)
     }
@@ -304,8 +307,9 @@ fn give_back_view(view: Bound<'_, PyAny>) {
             parts.empty();
             replace(&parts.base(), Fields::new(empty))
         };
+        // (A second reference for the store: `view`, which the parts borrow, goes below.)
         store.views.push(SpareView {
-            view: view.unbind(),
+            view: view.clone().unbind(),
             kind,
         });
         // The input's tensor (and its storage) is let go here, as if the view had been freed.
