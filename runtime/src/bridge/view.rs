@@ -69,6 +69,21 @@ fn spare_views(py: Python<'_>) -> bool {
     })
 }
 
+/// The type objects of NumPy's ndarray and of `pyop.Tensor`, looked up once (both live as long as
+/// the process: a static type of NumPy's, pyo3's type object for the class): the pointer compares
+/// of [`view_parts`] and [`unchanged_view`], a few loads instead of two lookups each call.
+fn types(py: Python<'_>) -> (*mut pyo3::ffi::PyTypeObject, *mut pyo3::ffi::PyTypeObject) {
+    use pyo3::sync::PyOnceLock;
+    use pyo3::type_object::PyTypeInfo;
+    static TYPES: PyOnceLock<(usize, usize)> = PyOnceLock::new();
+    let &(ndarray, tensor) = TYPES.get_or_init(py, || {
+        // SAFETY: NumPy is loaded (the callers read arrays); its ndarray type object.
+        let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+        (ndarray as usize, PyTensor::type_object_raw(py) as usize)
+    });
+    (ndarray as *mut _, tensor as *mut _)
+}
+
 /// The parts of an input view as [`numpy_view`] makes it: the array handed to the body, its
 /// hidden root, and the `pyop.Tensor` under both.
 pub(crate) struct ViewParts<'a, 'py> {
@@ -99,9 +114,7 @@ pub(crate) unsafe fn view_parts<'a, 'py>(
     view: &'a Bound<'py, PyAny>,
 ) -> Option<ViewParts<'a, 'py>> {
     use pyo3::ffi::{Py_REFCNT, Py_TYPE};
-    use pyo3::type_object::PyTypeInfo;
-    // SAFETY: NumPy is loaded (the caller made arrays); its ndarray type object.
-    let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+    let (ndarray, tensor) = types(py);
     let sole = |obj: *mut pyo3::ffi::PyObject, ty: *mut pyo3::ffi::PyTypeObject| {
         // SAFETY: reading the type and count of a live object (non-null checked first).
         !obj.is_null() && unsafe { Py_TYPE(obj) == ty && Py_REFCNT(obj) == 1 }
@@ -128,7 +141,7 @@ pub(crate) unsafe fn view_parts<'a, 'py>(
         let root = root.cast::<ArrayObject>();
         let base = (*root).array.fields.base;
         let (v, r) = (&*view, &*root);
-        if !sole(base, PyTensor::type_object_raw(py))
+        if !sole(base, tensor)
             || !hidden(v)
             || !hidden(r)
             || v.array.fields.data != r.array.fields.data
@@ -298,9 +311,7 @@ pub(crate) fn unchanged_view(
     value: &Bound<'_, PyAny>,
     want: Option<DType>,
 ) -> Option<Tensor> {
-    use pyo3::type_object::PyTypeInfo;
-    // SAFETY: NumPy is loaded (the caller found it); its ndarray type object.
-    let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+    let (ndarray, tensor) = types(py);
     let is = |obj: *mut pyo3::ffi::PyObject, ty: *mut pyo3::ffi::PyTypeObject| {
         // SAFETY: reading the type of a live, non-null object.
         !obj.is_null() && unsafe { pyo3::ffi::Py_TYPE(obj) } == ty
@@ -319,7 +330,7 @@ pub(crate) fn unchanged_view(
     };
     let writable = npyffi::NPY_ARRAY_WRITEABLE;
     if root.fields.data != view.fields.data
-        || !is(root.fields.base, PyTensor::type_object_raw(py))
+        || !is(root.fields.base, tensor)
         || (view.fields.flags | root.fields.flags) & writable != 0
     {
         return None;
