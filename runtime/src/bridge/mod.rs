@@ -6,6 +6,7 @@
 pub(crate) mod args;
 pub(crate) mod dlpack;
 pub(crate) mod expose;
+pub(crate) mod ndarray;
 pub(crate) mod numbers;
 pub(crate) mod out;
 pub(crate) mod outputs;

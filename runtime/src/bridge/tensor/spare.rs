@@ -18,7 +18,7 @@
 //!
 //! Numpy mode keeps its whole input view (the array handed to the body, its hidden root, and the
 //! `pyop.Tensor` under them: `view::numpy_view`) the same way, with NumPy 1.22 or later: given
-//! back only when nothing can reach any part of it (`view::view_parts`: counts of one along the
+//! back only when nothing can reach any part of it (`ndarray::view_parts`: counts of one along the
 //! chain, no weak reference, no buffer handed out), its arrays made empty and its base emptied;
 //! taken by the next input of the same rank and dtype, which gets its data, shape and strides
 //! written in and NumPy's flags for them (`ViewParts::refill`). NumPy arrays are not tracked by
@@ -41,15 +41,15 @@ use pyo3::prelude::*;
 use smallvec::SmallVec;
 
 use super::{Fields, PyTensor};
+use crate::bridge::ndarray;
 use crate::bridge::prepare::Prepared;
-use crate::bridge::view;
 
 /// How many spares a thread keeps: enough for the inputs of the usual op, nested once.
 const KEEP: usize = 8;
 
 struct Store {
     spares: Vec<Py<PyTensor>>,
-    /// Numpy mode's input views, each with its root and base (`view::view_parts`), emptied.
+    /// Numpy mode's input views, each with its root and base (`ndarray::view_parts`), emptied.
     views: Vec<SpareView>,
     /// What an emptied spare holds (one per thread: cloning it touches no other thread's
     /// counter).
@@ -191,7 +191,7 @@ impl<'py> Made<'py> {
             // `view_parts` reads them. The store's reference was its only one, now this
             // function's. `None` where the base was found (`gc.get_objects()`) and is held: the
             // view is let go.
-            let parts = unsafe { view::view_parts(py, &view) }?;
+            let parts = unsafe { ndarray::view_parts(py, &view) }?;
             // SAFETY: the base's only reference is the root's, reached only through this
             // function's view; no Python code has run since it was counted.
             let _emptied = unsafe {
@@ -283,7 +283,7 @@ fn give_back(object: Bound<'_, PyTensor>) {
 }
 
 /// Keeps a NumPy input view (with its root and base) in this thread's store, emptied, if nothing
-/// else can reach any part of it (`view::view_parts`); else lets it go.
+/// else can reach any part of it (`ndarray::view_parts`); else lets it go.
 fn give_back_view(view: Bound<'_, PyAny>) {
     if !KEEPS_SPARES {
         return;
@@ -291,7 +291,7 @@ fn give_back_view(view: Bound<'_, PyAny>) {
     let py = view.py();
     // SAFETY: the GIL is held; the view was made by `view::numpy_view`, only where NumPy lays
     // arrays out as `view_parts` reads them.
-    let Some(parts) = (unsafe { view::view_parts(py, &view) }) else {
+    let Some(parts) = (unsafe { ndarray::view_parts(py, &view) }) else {
         return;
     };
     let kind = parts.kind();
@@ -406,7 +406,7 @@ mod tests {
             data: crate::bridge::prepare::cpu_data_ptr(t),
             shares_var: false,
         };
-        view::numpy_view(py, &p, made).unwrap()
+        crate::bridge::view::numpy_view(py, &p, made).unwrap()
     }
 
     fn kept_views() -> Vec<usize> {

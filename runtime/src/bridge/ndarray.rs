@@ -1,0 +1,203 @@
+//! NumPy's array object as NumPy 1.22 and later lay it out, and the parts of a numpy-mode input
+//! view (`view::numpy_view`: the array, its hidden root, the `pyop.Tensor` under them) read and
+//! written through it, for the thread's spare views (`tensor::spare`): whether nothing but one
+//! reference reaches them (`view_parts`), and the writes that refill and empty them.
+
+use std::ffi::c_void;
+
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use pyo3::prelude::*;
+
+use super::prepare::Prepared;
+use super::tensor::PyTensor;
+
+/// NumPy's array object as NumPy 1.22 and later lay it out: the fields rust-numpy declares (up
+/// to `weakreflist`), then `_buffer_info` (NumPy 1.20: the formats and shapes the array handed
+/// out through the buffer protocol, kept until it is freed; null until then) and `mem_handler`
+/// (1.22).
+#[repr(C)]
+struct ArrayObject {
+    array: npyffi::PyArrayObject,
+    buffer_info: *mut c_void,
+    mem_handler: *mut pyo3::ffi::PyObject,
+}
+
+/// Whether input views are kept and refilled (`spare`): with NumPy 1.22 or later, whose arrays
+/// are laid out as [`ArrayObject`].
+pub(crate) fn spare_views(py: Python<'_>) -> bool {
+    use pyo3::sync::PyOnceLock;
+    static LAYOUT: PyOnceLock<bool> = PyOnceLock::new();
+    // SAFETY: a plain query of the loaded NumPy's C-API feature version (NumPy is loaded: the
+    // caller makes arrays).
+    *LAYOUT.get_or_init(py, || unsafe {
+        PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) >= 0x0f // NPY_1_22_API_VERSION
+    })
+}
+
+/// The type objects of NumPy's ndarray and of `pyop.Tensor`, looked up once (both live as long as
+/// the process: a static type of NumPy's, pyo3's type object for the class): the pointer compares
+/// of [`view_parts`] and [`unchanged_view`](crate::bridge::view::unchanged_view), a few loads
+/// instead of two lookups each call.
+pub(crate) fn types(
+    py: Python<'_>,
+) -> (*mut pyo3::ffi::PyTypeObject, *mut pyo3::ffi::PyTypeObject) {
+    use pyo3::sync::PyOnceLock;
+    use pyo3::type_object::PyTypeInfo;
+    static TYPES: PyOnceLock<(usize, usize)> = PyOnceLock::new();
+    let &(ndarray, tensor) = TYPES.get_or_init(py, || {
+        // SAFETY: NumPy is loaded (the callers read arrays); its ndarray type object.
+        let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+        (ndarray as usize, PyTensor::type_object_raw(py) as usize)
+    });
+    (ndarray as *mut _, tensor as *mut _)
+}
+
+/// The parts of an input view as [`numpy_view`](crate::bridge::view::numpy_view) makes it: the array handed to the body, its
+/// hidden root, and the `pyop.Tensor` under both.
+pub(crate) struct ViewParts<'a, 'py> {
+    py: Python<'py>,
+    view: *mut ArrayObject,
+    root: *mut ArrayObject,
+    base: *mut pyo3::ffi::PyObject,
+    /// The view they were read from, which keeps them alive.
+    _view: std::marker::PhantomData<&'a Bound<'py, PyAny>>,
+}
+
+/// `view`'s parts, if it is an input view as [`numpy_view`](crate::bridge::view::numpy_view) made it and nothing but the caller's
+/// one reference can reach any part of it: the view an exact ndarray whose only reference is the
+/// caller's, its base the root (an exact ndarray whose only reference is the view's), the root's
+/// base an exact `pyop.Tensor` whose only reference is the root's; no weak reference to either
+/// array (`weakreflist`), no buffer handed out by either (`_buffer_info`: NumPy keeps the
+/// buffer's description, shape and all, until the array is freed), neither writable nor owning
+/// its data (`__setstate__` gives an array data of its own), both of the same data, dtype and
+/// rank. NumPy arrays are not tracked by the garbage collector, and a `pyop.Tensor` holds no
+/// reference to an array, so nothing else leads to them.
+///
+/// # Safety
+/// The GIL is held (`view` proves it) and the loaded NumPy lays arrays out as [`ArrayObject`]
+/// ([`spare_views`]). The parts may be written, through [`ViewParts::refill`] and [`ViewParts::empty`], until the
+/// caller lets go of `view` or runs Python code.
+pub(crate) unsafe fn view_parts<'a, 'py>(
+    py: Python<'py>,
+    view: &'a Bound<'py, PyAny>,
+) -> Option<ViewParts<'a, 'py>> {
+    use pyo3::ffi::{Py_REFCNT, Py_TYPE};
+    let (ndarray, tensor) = types(py);
+    let sole = |obj: *mut pyo3::ffi::PyObject, ty: *mut pyo3::ffi::PyTypeObject| {
+        // SAFETY: reading the type and count of a live object (non-null checked first).
+        !obj.is_null() && unsafe { Py_TYPE(obj) == ty && Py_REFCNT(obj) == 1 }
+    };
+    let hidden = |a: &ArrayObject| {
+        let f = &a.array.fields;
+        let refused = npyffi::NPY_ARRAY_OWNDATA
+            | npyffi::NPY_ARRAY_WRITEABLE
+            | npyffi::NPY_ARRAY_WRITEBACKIFCOPY;
+        f.weakreflist.is_null() && a.buffer_info.is_null() && f.flags & refused == 0
+    };
+    if !sole(view.as_ptr(), ndarray) {
+        return None;
+    }
+    let view = view.as_ptr().cast::<ArrayObject>();
+    // SAFETY: `view` is an exact ndarray laid out as `ArrayObject` (the contract), alive while
+    // the caller holds it; so is its base, checked to be one, and the root's base while the root
+    // is. Fields are only read here.
+    unsafe {
+        let root = (*view).array.fields.base;
+        if !sole(root, ndarray) {
+            return None;
+        }
+        let root = root.cast::<ArrayObject>();
+        let base = (*root).array.fields.base;
+        let (v, r) = (&*view, &*root);
+        if !sole(base, tensor)
+            || !hidden(v)
+            || !hidden(r)
+            || v.array.fields.data != r.array.fields.data
+            || v.array.fields.descr != r.array.fields.descr
+            || v.array.fields.nd != r.array.fields.nd
+        {
+            return None;
+        }
+        Some(ViewParts {
+            py,
+            view,
+            root,
+            base,
+            _view: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<'py> ViewParts<'_, 'py> {
+    /// The `pyop.Tensor` under the arrays.
+    pub(crate) fn base(&self) -> Borrowed<'_, 'py, PyTensor> {
+        // SAFETY: the root's base, checked to be an exact `pyop.Tensor`, alive while the view is,
+        // which `self` borrows (see `view_parts`).
+        unsafe { Borrowed::from_ptr(self.py, self.base).cast_unchecked::<PyTensor>() }
+    }
+
+    /// The rank and dtype object of both arrays.
+    pub(crate) fn kind(&self) -> (usize, *mut npyffi::PyArray_Descr) {
+        // SAFETY: the arrays are alive while the view is, which `self` borrows.
+        let f = unsafe { &(*self.view).array.fields };
+        (f.nd as usize, f.descr)
+    }
+
+    /// Points both arrays at `p`'s memory, with its shape and strides, flags as NumPy gives a new
+    /// read-only array over it (contiguity and alignment, computed by NumPy itself). The base is
+    /// the caller's to refill.
+    ///
+    /// # Safety
+    /// As for [`view_parts`], which gave these parts, with no Python code run since; `p`'s
+    /// tensor has the parts' rank and dtype ([`Self::kind`]), and the base holds it before the
+    /// view is handed out.
+    pub(crate) unsafe fn refill(&self, p: &Prepared) {
+        let t = &p.tensor;
+        let size = t.dtype().size_in_bytes() as npy_intp;
+        for a in [self.root, self.view] {
+            // SAFETY: no one else can reach the arrays (the contract); `dimensions` and
+            // `strides` hold `nd` entries each, and `nd` is the tensor's rank.
+            unsafe {
+                let f = &mut (*a).array.fields;
+                f.data = p.data as *mut _;
+                for (i, (&d, &s)) in t.dims().iter().zip(t.stride()).enumerate() {
+                    *f.dimensions.add(i) = d as npy_intp;
+                    *f.strides.add(i) = s as npy_intp * size;
+                }
+            }
+        }
+        // SAFETY: as above; `UpdateFlags` reads the root's data, shape, strides and dtype,
+        // which are its own, and sets the contiguity and alignment flags from them. The view has
+        // the same data and layout, so the same flags.
+        unsafe {
+            (*self.root).array.fields.flags = 0;
+            PY_ARRAY_API.PyArray_UpdateFlags(
+                self.py,
+                self.root.cast(),
+                npyffi::NPY_ARRAY_C_CONTIGUOUS
+                    | npyffi::NPY_ARRAY_F_CONTIGUOUS
+                    | npyffi::NPY_ARRAY_ALIGNED,
+            );
+            (*self.view).array.fields.flags = (*self.root).array.fields.flags;
+        }
+    }
+
+    /// Makes both arrays empty (every dimension 0) over no one's memory, for a view kept as a
+    /// spare after its data is let go. The base is the caller's to empty.
+    ///
+    /// # Safety
+    /// As for [`view_parts`], which gave these parts, with no Python code run since.
+    pub(crate) unsafe fn empty(&self) {
+        static NOWHERE: [u64; 2] = [0; 2];
+        for a in [self.root, self.view] {
+            // SAFETY: as in `refill`.
+            unsafe {
+                let f = &mut (*a).array.fields;
+                f.data = NOWHERE.as_ptr() as *mut _;
+                for i in 0..f.nd as usize {
+                    *f.dimensions.add(i) = 0;
+                }
+            }
+        }
+    }
+}
