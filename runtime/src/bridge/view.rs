@@ -34,7 +34,7 @@ pub(crate) fn numpy_view<'py>(
     made: &mut Made<'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !spare_views(py) {
-        let base = made.view_base(py, p.tensor.clone(), p.data, false)?;
+        let base = made.view_base(py, p.tensor.clone(), p.data)?;
         return numpy_array_over(py, p, false, base).map(|(arr, _)| arr);
     }
     let t = &p.tensor;

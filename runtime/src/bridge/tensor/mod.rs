@@ -85,11 +85,7 @@ impl PyTensor {
 
     /// The base object of a NumPy view of `tensor` starting at address `data`.
     pub(crate) fn view_base(tensor: Tensor, data: usize, writable: bool) -> Self {
-        Self::of(Fields {
-            view_data: data,
-            writable,
-            ..Fields::new(tensor)
-        })
+        Self::of(Fields::view_base(tensor, data, writable))
     }
 
     /// `tensor`, made from this one by an op that may share its storage (a view, a reshape, a
@@ -129,6 +125,15 @@ impl Fields {
             view_data: 0,
             writable: false,
             var_storage: false,
+        }
+    }
+
+    /// A NumPy view's base: `tensor`, the view starting at address `data`.
+    fn view_base(tensor: Tensor, data: usize, writable: bool) -> Self {
+        Self {
+            view_data: data,
+            writable,
+            ..Self::new(tensor)
         }
     }
 }

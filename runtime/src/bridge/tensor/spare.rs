@@ -123,16 +123,8 @@ impl<'py> Made<'py> {
         py: Python<'py>,
         tensor: Tensor,
         data: usize,
-        writable: bool,
     ) -> PyResult<Bound<'py, PyTensor>> {
-        self.object(
-            py,
-            Fields {
-                view_data: data,
-                writable,
-                ..Fields::new(tensor)
-            },
-        )
+        self.object(py, Fields::view_base(tensor, data, false))
     }
 
     fn object(&mut self, py: Python<'py>, fields: Fields) -> PyResult<Bound<'py, PyTensor>> {
@@ -150,13 +142,7 @@ impl<'py> Made<'py> {
         tensor: Tensor,
         data: usize,
     ) -> PyResult<Bound<'py, PyTensor>> {
-        fresh(
-            py,
-            Fields {
-                view_data: data,
-                ..Fields::new(tensor)
-            },
-        )
+        fresh(py, Fields::view_base(tensor, data, false))
     }
 
     /// A new NumPy input view, its root and base (`view::numpy_view`), to be given back whole.
@@ -197,10 +183,7 @@ impl<'py> Made<'py> {
             let _emptied = unsafe {
                 replace(
                     &parts.base(),
-                    Fields {
-                        view_data: p.data,
-                        ..Fields::new(p.tensor.clone())
-                    },
+                    Fields::view_base(p.tensor.clone(), p.data, false),
                 )
             };
             // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by them), and
