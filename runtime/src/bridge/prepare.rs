@@ -56,13 +56,15 @@ pub(crate) struct Prepared {
 /// A call's prepared inputs, held inline for the usual few.
 pub(crate) type PreparedInputs = smallvec::SmallVec<[Prepared; 4]>;
 
-/// Prepares every tensor of `args`, in order. Runs without the GIL: it may copy and lock.
+/// Prepares every tensor of `args`, in order, into `out` (empty). Runs without the GIL: it may
+/// copy and lock.
 pub(crate) fn prepare_inputs(
     op: &str,
     passing: Passing,
     args: &[Arg<'_>],
-) -> Result<PreparedInputs> {
-    let mut out = PreparedInputs::new();
+    out: &mut PreparedInputs,
+) -> Result<()> {
+    debug_assert!(out.is_empty());
     for arg in args {
         match arg {
             Arg::Tensor(t) => out.push(prepare(op, passing, t, out.len())?),
@@ -74,20 +76,13 @@ pub(crate) fn prepare_inputs(
             _ => {}
         }
     }
-    Ok(out)
+    Ok(())
 }
 
+#[inline(always)]
 fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepared> {
     if let Some(why) = passing.refuses(t.dtype()) {
-        return Err(Error::mismatch(
-            op,
-            ErrorKind::InvalidArgument,
-            Some(index),
-            format!(
-                "input {index} is {}, which {why}; convert it with `to_dtype` or use tensor mode",
-                t.dtype().as_str()
-            ),
-        ));
+        return Err(refused(op, t, index, why));
     }
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
@@ -114,6 +109,19 @@ fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepa
         data,
         shares_var,
     })
+}
+
+#[cold]
+fn refused(op: &str, t: &Tensor, index: usize, why: &str) -> Error {
+    Error::mismatch(
+        op,
+        ErrorKind::InvalidArgument,
+        Some(index),
+        format!(
+            "input {index} is {}, which {why}; convert it with `to_dtype` or use tensor mode",
+            t.dtype().as_str()
+        ),
+    )
 }
 
 /// The address of a CPU tensor's first element (0 for a dtype NumPy cannot hold, which `prepare`

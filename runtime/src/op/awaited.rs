@@ -103,7 +103,8 @@ async fn in_worker(
     let op = &*pyop.inner;
     let workers = op.workers.as_ref().expect("an op with workers");
     let args = owned.args();
-    let before = forward::before(op, &args, device.as_ref(), timeout)?;
+    let mut prepared = crate::bridge::prepare::PreparedInputs::new();
+    let before = forward::before(op, &args, device.as_ref(), timeout, &mut prepared)?;
     // With hot reload on, the body's check takes the GIL: on pyop's threads.
     let body = match &op.reload {
         None => (None, op.accepts_out),
@@ -112,7 +113,7 @@ async fn in_worker(
             gil(move || worker_call::worker_body_now(&me.inner)).await
         }
     };
-    let request = worker_call::worker_request(op, &args, &before.prepared, body)?;
+    let request = worker_call::worker_request(op, &args, &prepared, body)?;
     // How workers start is found once, with the GIL.
     let launch = match worker_call::launch::found() {
         Some(l) => l,
@@ -141,13 +142,7 @@ async fn in_worker(
             &before.span,
         )?;
         drop(answer);
-        forward::after(
-            &pyop.inner,
-            &args,
-            before.needs_node,
-            before.prepared,
-            outputs,
-        )
+        forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs)
     };
     // (The first read-back imports NumPy in the program: milliseconds, on pyop's threads.)
     match crate::python::alone().filter(|_| crate::python::numpy::imported()) {

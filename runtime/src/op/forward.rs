@@ -14,10 +14,11 @@ use super::autograd;
 use super::worker_call;
 use super::{CallOptions, OpInner};
 use crate::arg::Arg;
-use crate::bridge::args::{python_args, Lists, PyArgs};
+use crate::bridge::args::{python_args, Lists};
 use crate::bridge::out::out_buffers;
 use crate::bridge::outputs::{known_shape, outputs_from_python, OutputCheck, Outputs, Role};
 use crate::bridge::prepare::{Passing, Prepared, PreparedInputs};
+use crate::bridge::tensor::spare::Made;
 use crate::error::{bail, Result};
 use crate::python::errors::python_error;
 use crate::python::timeout::run_limited;
@@ -31,7 +32,9 @@ pub(crate) fn call(
     options: &CallOptions<'_>,
     batch: Option<usize>,
 ) -> Result<Outputs> {
-    let before = before(op, args, options.device, options.timeout)?;
+    // Prepared into this frame (~110 bytes not moved through `Result`s: ~60 instructions).
+    let mut prepared = PreparedInputs::new();
+    let before = before(op, args, options.device, options.timeout, &mut prepared)?;
     if let Some(n) = batch {
         before.span.record("batch", n);
     }
@@ -41,23 +44,16 @@ pub(crate) fn call(
             op,
             workers,
             args,
-            &before.prepared,
+            &prepared,
             &before.device,
             before.timeout,
             &before.span,
         )?,
         None => op.run_python(&before.device, |py| {
-            run_body(
-                op,
-                py,
-                args,
-                &before.prepared,
-                &before.device,
-                before.timeout,
-            )
+            run_body(op, py, args, &prepared, &before.device, before.timeout)
         })?,
     };
-    after(op, args, before.needs_node, before.prepared, outputs)
+    after(op, args, before.needs_node, prepared, outputs)
 }
 
 /// A forward call's end: the outputs put into the graph behind the op's own node, when it
@@ -80,27 +76,28 @@ pub(crate) fn after(
     }
 }
 
-/// What a forward call settles before its body runs.
+/// What a forward call settles before its body runs (and its prepared inputs, written into the
+/// caller's `PreparedInputs`).
 pub(crate) struct Before {
     /// The outputs' device.
     pub device: Device,
     /// Whether the outputs go behind a node of the op's own (its gradient is not the body's
-    /// candle ops, and an input is tracked); then `prepared` is detached.
+    /// candle ops, and an input is tracked); then the prepared inputs are detached.
     pub needs_node: bool,
-    pub prepared: PreparedInputs,
     pub timeout: Option<Duration>,
     /// The call's trace span (`pyop.call`).
     pub span: tracing::Span,
 }
 
-/// The part of a forward call before its body: the device, the inputs prepared (without the
-/// GIL), the time limit.
+/// The part of a forward call before its body: the device, the inputs prepared into `prepared`
+/// (without the GIL), the time limit.
 #[inline(always)]
 pub(crate) fn before(
     op: &OpInner,
     args: &[Arg<'_>],
     device: Option<&Device>,
     timeout: Option<Duration>,
+    prepared: &mut PreparedInputs,
 ) -> Result<Before> {
     let device = op.failed_before_python(output_device(op, args, device))?;
     let span = tracing::trace_span!(
@@ -115,20 +112,17 @@ pub(crate) fn before(
     // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
     let needs_node =
         (op.mode == Mode::Numpy || op.gradient.is_some()) && autograd::any_tracked(args);
-    let prepared = span.in_scope(|| {
+    span.in_scope(|| {
         op.failed_before_python(crate::python::without_gil(|| {
-            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args)
+            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args, prepared)
         }))
     })?;
-    let prepared = if needs_node {
-        autograd::detach_prepared(prepared)
-    } else {
-        prepared
-    };
+    if needs_node {
+        *prepared = autograd::detach_prepared(std::mem::take(prepared));
+    }
     Ok(Before {
         device,
         needs_node,
-        prepared,
         timeout: timeout.or(op.timeout),
         span,
     })
@@ -148,11 +142,7 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
 }
 
 /// [`output_device`], for any arguments.
-fn output_device_of(
-    op: &OpInner,
-    args: &[Arg<'_>],
-    explicit: Option<&Device>,
-) -> Result<Device> {
+fn output_device_of(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> Result<Device> {
     let mut first: Option<&Device> = None;
     let mut clash = None;
     for arg in args {
@@ -196,11 +186,9 @@ fn run_body(
     }
     let tout = op.resolved_tout(args)?;
     let tout = &*tout;
-    // `_made` outlives the outputs' check (see `PyArgs`).
-    let PyArgs {
-        items: py_args,
-        made: _made,
-    } = python_args(py, passing, args, prepared, Lists::AsLists)
+    // `_made` outlives the outputs' check (see `python_args`).
+    let mut _made = Made::default();
+    let py_args = python_args(py, passing, args, prepared, Lists::AsLists, &mut _made)
         .map_err(|e| python_error(py, &op.name, e))?;
     let check = OutputCheck {
         op: &op.name,

@@ -262,8 +262,9 @@ impl Node {
         let op = &*self.op.inner;
         // Outputs and incoming gradients, prepared for Python in one go.
         let both: Vec<Arg<'_>> = self.outputs.iter().chain(grads).map(Arg::Tensor).collect();
-        let mut out_prepared = crate::python::without_gil(|| {
-            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), &both)
+        let mut out_prepared = PreparedInputs::new();
+        crate::python::without_gil(|| {
+            crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), &both, &mut out_prepared)
         })?;
         let grad_prepared: PreparedInputs = out_prepared.drain(self.outputs.len()..).collect();
         let lists = self.tensor_lists();
