@@ -29,6 +29,7 @@ use crate::python::env::{self, PythonEnv};
 ///
 /// Re-entrant: a thread that already holds the GIL (a body calling back into Rust, or Rust code
 /// inside `Python::attach`) gets it again at once.
+#[inline(always)]
 pub(crate) fn with_gil<R>(
     op: impl IntoOpName + Copy,
     f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
@@ -36,6 +37,17 @@ pub(crate) fn with_gil<R>(
     if READY.load(Ordering::Acquire) {
         return crate::python::attach_in_turn(f);
     }
+    first_with_gil(op, f)
+}
+
+/// [`with_gil`] before the interpreter is ready: once per process (out of line, so that the
+/// usual call inlines only the check above).
+#[cold]
+#[inline(never)]
+fn first_with_gil<R>(
+    op: impl IntoOpName + Copy,
+    f: impl for<'py> FnOnce(Python<'py>) -> Result<R>,
+) -> Result<R> {
     env::preflight().map_err(|e| e.with_op(op.into_op_name().as_deref()))?;
     crate::python::attach(|py| {
         ensure_ready(py).map_err(|e| e.with_op(op.into_op_name().as_deref()))?;

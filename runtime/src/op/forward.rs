@@ -112,11 +112,12 @@ pub(crate) fn before(
     // Inputs that autograd tracks, when the op's gradient is not the body's own candle ops.
     let needs_node =
         (op.mode == Mode::Numpy || op.gradient.is_some()) && autograd::any_tracked(args);
-    span.in_scope(|| {
+    {
+        let _entered = span.enter();
         op.failed_before_python(crate::python::without_gil(|| {
             crate::bridge::prepare::prepare_inputs(&op.name, op.passing(), args, prepared)
-        }))
-    })?;
+        }))?;
+    }
     if needs_node {
         *prepared = autograd::detach_prepared(std::mem::take(prepared));
     }

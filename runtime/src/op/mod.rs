@@ -168,6 +168,7 @@ impl PyOp {
 impl OpInner {
     /// The outputs of this call: those declared with an argument's dtype (`tout = x.dtype`) get
     /// it now (in numpy mode that input was checked to be a dtype NumPy holds).
+    #[inline]
     pub(crate) fn resolved_tout<'t>(
         &'t self,
         args: &[crate::arg::Arg<'_>],
@@ -190,6 +191,7 @@ impl OpInner {
     }
 
     /// The body to call now (hot reload may have replaced the one the op was built with).
+    #[inline]
     pub(crate) fn body_now<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, bool) {
         match &self.reload {
             None => (self.body.bind(py).clone(), self.accepts_out),

@@ -91,12 +91,19 @@ pub(crate) fn acquisitions() -> u64 {
 ///
 /// Used around anything that can block on another thread (candle's storage locks): a thread that
 /// blocks while holding the GIL can deadlock with a Python body that is waiting for the GIL.
+#[inline]
 pub(crate) fn without_gil<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if thread_state::holds_gil() {
-        attach(|py| py.detach(f))
+        detached(f)
     } else {
         f()
     }
+}
+
+/// [`without_gil`] on a thread that holds the GIL (out of line: the usual caller does not).
+#[inline(never)]
+fn detached<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    attach(|py| py.detach(f))
 }
 
 /// Copies of at least this many bytes run without the GIL, so that other threads' Python goes on

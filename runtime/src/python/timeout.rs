@@ -361,7 +361,28 @@ fn cancelled(op: &str) -> Error {
 /// the thread runs an awaited call (`Interrupt::scope`). A panic in Rust code the body reached
 /// (a tensor method, a nested op) is caught here and becomes an error of kind
 /// [`ErrorKind::Panic`]: pyo3 resumes such a panic when the body's exception is fetched.
+#[inline]
 pub(crate) fn run_limited<'py>(
+    py: Python<'py>,
+    op: &str,
+    limit: Option<Duration>,
+    body: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
+) -> Result<Bound<'py, PyAny>> {
+    // The usual call, with no limit and no interrupt: the body run inline.
+    if limit.is_none() && !HAS_INTERRUPT.get() {
+        return match caught(op, body) {
+            Ok(Ok(returned)) => Ok(returned),
+            Ok(Err(e)) => Err(python_error(py, op, e)),
+            Err(e) => Err(e),
+        };
+    }
+    run_limited_now(py, op, limit, body)
+}
+
+/// [`run_limited`] with a limit or an interrupt (out of line: the usual call inlines only the
+/// check).
+#[inline(never)]
+fn run_limited_now<'py>(
     py: Python<'py>,
     op: &str,
     limit: Option<Duration>,
@@ -419,18 +440,23 @@ pub(crate) fn run_limited<'py>(
 }
 
 /// `body()`, with a panic unwinding out of it turned into an error.
+#[inline(always)]
 fn caught<'py>(
     op: &str,
     body: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
 ) -> Result<PyResult<Bound<'py, PyAny>>> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|panic| {
-        Error::op_failure(
-            op,
-            ErrorKind::Panic,
-            format!(
-                "Rust code called by the body panicked: {}",
-                panic_message(&*panic)
-            ),
-        )
-    })
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+        .map_err(|panic| panicked(op, panic))
+}
+
+#[cold]
+fn panicked(op: &str, panic: Box<dyn std::any::Any + Send>) -> Error {
+    Error::op_failure(
+        op,
+        ErrorKind::Panic,
+        format!(
+            "Rust code called by the body panicked: {}",
+            panic_message(&*panic)
+        ),
+    )
 }

@@ -318,10 +318,17 @@ impl StaticOp {
     }
 
     /// The op, loading its source on first use. A load that fails is retried on the next call.
+    #[inline]
     pub fn get(&self) -> Result<&PyOp> {
-        if let Some(op) = self.op.get() {
-            return Ok(op);
+        match self.op.get() {
+            Some(op) => Ok(op),
+            None => self.build(),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn build(&self) -> Result<&PyOp> {
         // Built without any Rust lock held (it takes the GIL); if two threads race, one wins.
         let built = self.decl.build()?;
         Ok(self.op.get_or_init(|| built))
