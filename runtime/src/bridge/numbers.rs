@@ -137,7 +137,8 @@ fn convert(
         }
         None => Ok(t),
     };
-    if let Ok(t) = value.cast::<PyTensor>() {
+    // (`cast_exact`: the class is final, and no subtype check is made of every other value.)
+    if let Ok(t) = value.cast_exact::<PyTensor>() {
         let t = t.get().tensor().clone();
         return match own {
             Some(d) if d != t.dtype() => Err(ConversionError::Invalid(format!(

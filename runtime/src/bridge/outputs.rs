@@ -84,7 +84,7 @@ pub(crate) fn outputs_from_python(
 ) -> Result<Outputs> {
     let m = check.tout.len();
     if m == 1 {
-        if let Some(t) = usual_output(check, &result) {
+        if let Some(t) = usual_output(py, check, &result) {
             return Ok(smallvec::smallvec![t]);
         }
     }
@@ -148,19 +148,32 @@ pub(crate) fn outputs_from_python(
 }
 
 /// The usual value for one output, decided as [`value_to_tensor`] decides it but without its
-/// layers (~100 instructions of a scalar call): a `pyop.Tensor` (a final class) of the declared
-/// dtype and shape, on the op's device. `None` for anything else, which `value_to_tensor` then
+/// layers (~100 instructions of a scalar call in tensor mode, ~250 in numpy mode): a
+/// `pyop.Tensor` (a final class), or a tensor's own view handed back unchanged (an input's,
+/// `view::unchanged_view`, asked only once NumPy is known to be loaded), of the declared dtype
+/// and shape, on the op's device. `None` for anything else, which `value_to_tensor` then
 /// converts or refuses.
 #[inline]
-fn usual_output(check: &OutputCheck<'_>, value: &Bound<'_, PyAny>) -> Option<Tensor> {
+fn usual_output(
+    py: Python<'_>,
+    check: &OutputCheck<'_>,
+    value: &Bound<'_, PyAny>,
+) -> Option<Tensor> {
     let spec = &check.tout[0];
-    let t = value.cast::<PyTensor>().ok()?;
-    let t = t.get().tensor();
-    let usual = spec.like.is_none()
-        && t.dtype() == spec.dtype
+    if spec.like.is_some() {
+        return None;
+    }
+    let t = match value.cast_exact::<PyTensor>() {
+        Ok(t) => t.get().tensor().clone(),
+        Err(_) if crate::python::numpy::known_loaded(py) => {
+            super::view::unchanged_view(py, value, Some(spec.dtype))?
+        }
+        Err(_) => return None,
+    };
+    let usual = t.dtype() == spec.dtype
         && spec.shape_matches(t.dims())
         && t.device().same_device(check.device);
-    usual.then(|| t.clone())
+    usual.then_some(t)
 }
 
 /// Converts one returned value to a tensor of `spec`'s dtype and shape on the op's device.
