@@ -121,6 +121,26 @@ fn a_device_parameter_places_outputs(device: &Device) -> Result {
 }
 test_device!(a_device_parameter_places_outputs);
 
+#[py_op(code = "def echo(x):\n    return x", tout = f32)]
+fn echo(x: &Tensor, device: &Device) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def echo(x):\n    return x", name = "echo", numpy, tout = f32)]
+fn echo_numpy(x: &Tensor) -> pyop::Result<Tensor>;
+
+/// An input handed back unchanged goes to the op's device: numpy mode's host view of a device
+/// tensor, and a CPU input of an op whose `&Device` is another (the output check's usual case
+/// takes only what is on the op's device already).
+fn an_input_handed_back_goes_to_the_ops_device(device: &Device) -> Result {
+    let y = echo_numpy(&on(device, &[1., 2.])?)?;
+    assert_on(&y, device);
+    assert_eq!(y.to_vec1::<f32>()?, [1., 2.]);
+    let z = echo(&on(&Device::Cpu, &[1., 2.])?, device)?;
+    assert_on(&z, device);
+    assert_eq!(z.to_vec1::<f32>()?, [1., 2.]);
+    Ok(())
+}
+test_device!(an_input_handed_back_goes_to_the_ops_device);
+
 #[cfg(feature = "cuda")]
 #[test]
 fn inputs_on_two_devices_are_an_error() -> Result {

@@ -129,6 +129,30 @@ fn declared_shape_is_checked() {
     );
 }
 
+#[py_op(code = "def first(x, y):\n    return x", name = "first", numpy, tout = f32[y])]
+fn first_like_y(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
+#[py_op(code = "def first(x, y):\n    return x", name = "first", tout = f32[y])]
+fn first_like_y_tensor_mode(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
+
+/// `f32[y]` is checked on an input handed back unchanged too (a view, a `pyop.Tensor`: the
+/// output check's usual case, taken before its rule table).
+#[test]
+fn an_input_handed_back_is_checked_against_a_shape_like_another_argument() {
+    let x = Tensor::arange(0f32, 3., &cpu()).unwrap();
+    let y = Tensor::zeros(2, DType::F32, &cpu()).unwrap();
+    for f in [first_like_y, first_like_y_tensor_mode] {
+        assert_eq!(f(&x, &x).unwrap().to_vec1::<f32>().unwrap(), [0., 1., 2.]);
+        let err = f(&x, &y).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutputMismatch, "{err}");
+        assert!(
+            err.to_string()
+                .contains("output 0: expected shape [2] (the shape of argument 1), got shape [3]"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn unit_output_for_side_effects() {
     let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();

@@ -41,15 +41,22 @@ pub(crate) fn spare_views(py: Python<'_>) -> bool {
 pub(crate) fn types(
     py: Python<'_>,
 ) -> (*mut pyo3::ffi::PyTypeObject, *mut pyo3::ffi::PyTypeObject) {
-    use pyo3::sync::PyOnceLock;
     use pyo3::type_object::PyTypeInfo;
-    static TYPES: PyOnceLock<(usize, usize)> = PyOnceLock::new();
     let &(ndarray, tensor) = TYPES.get_or_init(py, || {
         // SAFETY: NumPy is loaded (the callers read arrays); its ndarray type object.
         let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
         (ndarray as usize, PyTensor::type_object_raw(py) as usize)
     });
     (ndarray as *mut _, tensor as *mut _)
+}
+
+static TYPES: pyo3::sync::PyOnceLock<(usize, usize)> = pyo3::sync::PyOnceLock::new();
+
+/// Whether [`types`] has been asked once already (so asking again loads nothing: NumPy's C API
+/// is loaded the first time).
+#[inline]
+pub(crate) fn types_known(py: Python<'_>) -> bool {
+    TYPES.get(py).is_some()
 }
 
 /// The parts of an input view as [`numpy_view`](crate::bridge::view::numpy_view) makes it: the array handed to the body, its

@@ -150,9 +150,10 @@ pub(crate) fn outputs_from_python(
 /// The usual value for one output, decided as [`value_to_tensor`] decides it but without its
 /// layers (~100 instructions of a scalar call in tensor mode, ~250 in numpy mode): a
 /// `pyop.Tensor` (a final class), or a tensor's own view handed back unchanged (an input's,
-/// `view::unchanged_view`, asked only once NumPy is known to be loaded), of the declared dtype
-/// and shape, on the op's device. `None` for anything else, which `value_to_tensor` then
-/// converts or refuses.
+/// `view::unchanged_view`, asked only once NumPy is known to be loaded and its type objects
+/// already looked up, so that this never loads NumPy's C API where the general path would not),
+/// of the declared dtype and shape, on the op's device. `None` for anything else, which
+/// `value_to_tensor` then converts or refuses.
 #[inline]
 fn usual_output(
     py: Python<'_>,
@@ -165,7 +166,7 @@ fn usual_output(
     }
     let t = match value.cast_exact::<PyTensor>() {
         Ok(t) => t.get().tensor().clone(),
-        Err(_) if crate::python::numpy::known_loaded(py) => {
+        Err(_) if crate::python::numpy::known_loaded(py) && super::ndarray::types_known(py) => {
             super::view::unchanged_view(py, value, Some(spec.dtype))?
         }
         Err(_) => return None,

@@ -76,8 +76,6 @@ pub(crate) struct NumpyRefs {
 
 static NUMPY_REFS: PyOnceLock<NumpyRefs> = PyOnceLock::new();
 
-/// NumPy, if something already imported it (tensor mode never imports NumPy itself). Once it
-/// is, the answer is cached: this runs on every output conversion.
 /// Whether [`numpy_if_loaded`] has found NumPy loaded (one load: what a call's usual output
 /// check asks before it reads an array).
 #[inline]
@@ -85,6 +83,8 @@ pub(crate) fn known_loaded(py: Python<'_>) -> bool {
     NUMPY_REFS.get(py).is_some()
 }
 
+/// NumPy, if something already imported it (tensor mode never imports NumPy itself). Once it
+/// is, the answer is cached: this runs on every output conversion.
 pub(crate) fn numpy_if_loaded(py: Python<'_>) -> PyResult<Option<&'static NumpyRefs>> {
     if let Some(refs) = NUMPY_REFS.get(py) {
         return Ok(Some(refs));
