@@ -96,6 +96,12 @@ impl<R> std::fmt::Debug for OpFuture<R> {
 /// What `#[py_op]` expansions refer to; not a public API.
 #[doc(hidden)]
 pub mod __private {
+    /// How many spare `pyop.Tensor`s and spare NumPy views the calling thread keeps now (the
+    /// tests of `bridge::tensor::spare`; not a public API).
+    pub fn spares_on_this_thread() -> (usize, usize) {
+        crate::bridge::tensor::spare::on_this_thread()
+    }
+
     pub use crate::bridge::outputs::Outputs;
     pub use crate::python::env::BuildEnv;
     pub use crate::registry::decl::{relocate_sources, OpDeclParts};

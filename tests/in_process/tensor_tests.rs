@@ -704,6 +704,7 @@ fn integers_become_floats_only_exactly() {
 /// 3; every result is exact.
 #[test]
 fn input_objects_are_reused_only_when_no_one_else_holds_them() {
+    let _gc = common::gc_scan_lock();
     let op = PyOp::builder("keep")
         .code(format!(
             "{}def f(xs, keep, look):\n\

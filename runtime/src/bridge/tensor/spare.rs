@@ -302,6 +302,17 @@ fn give_back_view(view: Bound<'_, PyAny>) {
     drop(evicted);
 }
 
+/// How many spare `pyop.Tensor`s and spare views this thread's store holds now (for tests: a
+/// count of empty `pyop.Tensor`s through `gc` sees every thread's, which other threads change).
+pub(crate) fn on_this_thread() -> (usize, usize) {
+    STORE
+        .try_with(|s| {
+            s.try_borrow()
+                .map_or((0, 0), |s| (s.spares.len(), s.views.len()))
+        })
+        .unwrap_or((0, 0))
+}
+
 /// This thread's empty tensor, made once.
 fn empty_tensor(store: &mut Store) -> Option<Tensor> {
     match &store.empty {
