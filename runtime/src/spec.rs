@@ -129,6 +129,7 @@ impl OutSpec {
 
     /// The declared outputs with every `dtype_of` made concrete from this call's arguments
     /// (borrowed as they are when no output takes an argument's dtype).
+    #[inline]
     pub(crate) fn resolve<'s>(
         tout: &'s [OutSpec],
         args: &[crate::arg::Arg<'_>],
@@ -136,6 +137,14 @@ impl OutSpec {
         if tout.iter().all(|o| o.dtype_of.is_none()) {
             return Ok(Cow::Borrowed(tout));
         }
+        Self::resolve_from(tout, args)
+    }
+
+    /// [`resolve`](Self::resolve) when an output takes an argument's dtype (out of line).
+    fn resolve_from<'s>(
+        tout: &'s [OutSpec],
+        args: &[crate::arg::Arg<'_>],
+    ) -> Result<Cow<'s, [OutSpec]>, String> {
         tout.iter()
             .enumerate()
             .map(|(out, o)| match o.dtype_of {

@@ -128,8 +128,8 @@ fn echo(x: &Tensor, device: &Device) -> pyop::Result<Tensor>;
 fn echo_numpy(x: &Tensor) -> pyop::Result<Tensor>;
 
 /// An input handed back unchanged goes to the op's device: numpy mode's host view of a device
-/// tensor, and a CPU input of an op whose `&Device` is another (the output check's usual case
-/// takes only what is on the op's device already).
+/// tensor, and a CPU input of an op whose `&Device` is another (taken as it is by the output
+/// check, then moved by its one device check).
 fn an_input_handed_back_goes_to_the_ops_device(device: &Device) -> Result {
     let y = echo_numpy(&on(device, &[1., 2.])?)?;
     assert_on(&y, device);

@@ -135,8 +135,8 @@ fn first_like_y(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
 #[py_op(code = "def first(x, y):\n    return x", name = "first", tout = f32[y])]
 fn first_like_y_tensor_mode(x: &Tensor, y: &Tensor) -> pyop::Result<Tensor>;
 
-/// `f32[y]` is checked on an input handed back unchanged too (a view, a `pyop.Tensor`: the
-/// output check's usual case, taken before its rule table).
+/// `f32[y]` is checked on an input handed back unchanged too (a view, a `pyop.Tensor`: taken as
+/// it is by the output check, then checked like any output).
 #[test]
 fn an_input_handed_back_is_checked_against_a_shape_like_another_argument() {
     let x = Tensor::arange(0f32, 3., &cpu()).unwrap();

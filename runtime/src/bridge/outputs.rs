@@ -8,6 +8,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::arg::Arg;
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::OutSpec;
+use candle_core::DType;
 
 use super::numbers::{describe_value, to_tensor, ConversionError};
 use super::tensor::PyTensor;
@@ -83,11 +84,6 @@ pub(crate) fn outputs_from_python(
     result: Bound<'_, PyAny>,
 ) -> Result<Outputs> {
     let m = check.tout.len();
-    if m == 1 {
-        if let Some(t) = usual_output(py, check, &result) {
-            return Ok(smallvec::smallvec![t]);
-        }
-    }
     if m == 0 {
         if result.is_none() {
             return Ok(Outputs::new());
@@ -147,34 +143,22 @@ pub(crate) fn outputs_from_python(
         .collect()
 }
 
-/// The usual value for one output, decided as [`value_to_tensor`] decides it but without its
-/// layers (~100 instructions of a scalar call in tensor mode, ~250 in numpy mode): a
-/// `pyop.Tensor` (a final class), or a tensor's own view handed back unchanged (an input's,
-/// `view::unchanged_view`, asked only once NumPy is known to be loaded and its type objects
-/// already looked up, so that this never loads NumPy's C API where the general path would not),
-/// of the declared dtype and shape, on the op's device. `None` for anything else, which
-/// `value_to_tensor` then converts or refuses.
+/// A returned value that is a tensor already, of dtype `want`: a `pyop.Tensor` (a final
+/// class), or a tensor's own view handed back unchanged (an input's, `view::unchanged_view`,
+/// asked only once NumPy is known loaded and its type objects looked up, so that this never
+/// loads NumPy's C API where `to_tensor` would not). What `to_tensor` gives for these, without
+/// its layers (~100 instructions of a scalar call in tensor mode, ~250 in numpy mode); `None`
+/// for anything else, which `to_tensor` converts or refuses.
 #[inline]
-fn usual_output(
-    py: Python<'_>,
-    check: &OutputCheck<'_>,
-    value: &Bound<'_, PyAny>,
-) -> Option<Tensor> {
-    let spec = &check.tout[0];
-    if spec.like.is_some() {
-        return None;
-    }
+fn own_tensor(py: Python<'_>, value: &Bound<'_, PyAny>, want: DType) -> Option<Tensor> {
     let t = match value.cast_exact::<PyTensor>() {
         Ok(t) => t.get().tensor().clone(),
         Err(_) if crate::python::numpy::known_loaded(py) && super::ndarray::types_known(py) => {
-            super::view::unchanged_view(py, value, Some(spec.dtype))?
+            return super::view::unchanged_view(py, value, Some(want));
         }
         Err(_) => return None,
     };
-    let usual = t.dtype() == spec.dtype
-        && spec.shape_matches(t.dims())
-        && t.device().same_device(check.device);
-    usual.then_some(t)
+    (t.dtype() == want).then_some(t)
 }
 
 /// Converts one returned value to a tensor of `spec`'s dtype and shape on the op's device.
@@ -186,7 +170,11 @@ pub(crate) fn value_to_tensor(
     value: &Bound<'_, PyAny>,
 ) -> Result<Tensor> {
     let what = check.role;
-    let tensor = match to_tensor(py, value, Some(spec.dtype)) {
+    let converted = match own_tensor(py, value, spec.dtype) {
+        Some(t) => Ok(t),
+        None => to_tensor(py, value, Some(spec.dtype)),
+    };
+    let tensor = match converted {
         Ok(t) => t,
         Err(ConversionError::NotTensorLike(got)) => {
             return Err(check.error(

@@ -173,9 +173,6 @@ impl OpInner {
         &'t self,
         args: &[crate::arg::Arg<'_>],
     ) -> crate::error::Result<std::borrow::Cow<'t, [OutSpec]>> {
-        if self.tout.iter().all(|o| o.dtype_of.is_none()) {
-            return Ok(std::borrow::Cow::Borrowed(&self.tout));
-        }
         OutSpec::resolve(&self.tout, args).map_err(|msg| {
             crate::error::Error::op_failure(
                 Some(self.name.as_str()),
