@@ -1393,6 +1393,27 @@ fn main() {
             });
         }
     }
+    // The same while another thread of the program runs Python there (an in-process op's loop
+    // of ~8 ms, back to back): the program's GIL is busy all the time, as in a service whose
+    // other handlers run their bodies in the program.
+    if device().is_cpu() && wanted("worker_ident_1_python_busy") {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let x = Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    pyloop_in_process(&x, 100_000).unwrap();
+                }
+            })
+        };
+        report("worker_ident_1_python_busy", || {
+            let x = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+            chained((n / 10).max(1), &x, worker_ident)
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
+    }
     if device().is_cpu() {
         for (case, per_call) in awaited_group(n) {
             if !warming_up() {

@@ -248,6 +248,155 @@ fn out_buffers_in_workers() {
     );
 }
 
+/// A worker call whose reply is only bytes (the usual array of the declared dtype, `out`
+/// buffers) never takes the program's GIL: it completes while another thread holds it, as a
+/// service's other handlers do while their bodies run in the program (with the GIL taken for
+/// the reply, each call waited for the holder: ~8 ms a call beside an 8 ms body, in the bench's
+/// `worker_ident_1_python_busy`). A reply that needs Python (another dtype: the output check's
+/// conversion) still reads it with the GIL, once the holder lets go.
+#[test]
+fn a_workers_bytes_are_read_without_the_programs_gil() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let f32_ = [OutSpec::new(DType::F32)];
+    let twice = worker_op(&pool, "twice", "def f(x):\n    return x * 2", &f32_);
+    let plus_out = worker_op(
+        &pool,
+        "plus_out",
+        "def f(x, out):\n    np.add(x, 1, out=out)",
+        &[OutSpec::like(DType::F32, 0)],
+    );
+    let as_f64 = worker_op(
+        &pool,
+        "as_f64",
+        "def f(x):\n    return x.astype('float64')",
+        &f32_,
+    );
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    // Started and loaded first (a worker's start asks the program's interpreter for its paths).
+    for op in [&twice, &plus_out, &as_f64] {
+        let _ = op.call(&[Arg::from(&x)]);
+    }
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Arc::new(AtomicBool::new(false));
+    let holder = {
+        let released = released.clone();
+        std::thread::spawn(move || {
+            pyop::interop::pyo3::Python::attach(|_py| {
+                held_tx.send(()).unwrap();
+                // Held until told, or for 10 s (a call that needs the GIL gets it then).
+                let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                released.store(true, Ordering::SeqCst);
+            })
+        })
+    };
+    held_rx.recv().unwrap();
+    let before = (
+        twice.stats().gil_acquisitions,
+        plus_out.stats().gil_acquisitions,
+    );
+    for _ in 0..20 {
+        let y = twice.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4., 6.]);
+        let y = plus_out.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+    }
+    assert!(
+        !released.load(Ordering::SeqCst),
+        "the calls waited for the program's GIL"
+    );
+    assert_eq!(
+        (
+            twice.stats().gil_acquisitions,
+            plus_out.stats().gil_acquisitions
+        ),
+        before
+    );
+    // An f64 array for an f32 output is the output check's to convert or refuse, with Python:
+    // the call returns only once the holder lets go.
+    let converted = std::thread::spawn(move || {
+        let e = as_f64.call(&[Arg::from(&x)]).unwrap_err();
+        (e.kind(), e.to_string())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!converted.is_finished());
+    release_tx.send(()).unwrap();
+    let (kind, msg) = converted.join().unwrap();
+    assert_eq!(kind, ErrorKind::OutputMismatch);
+    assert!(
+        msg.contains("expected dtype f32, got a NumPy array of dtype float64"),
+        "{msg}"
+    );
+    holder.join().unwrap();
+}
+
+/// Every dtype a worker's plain array can have for a candle dtype (bool as u8, as in the
+/// program) is read without Python, exactly; one byte order or kind candle lacks is the output
+/// check's to refuse, with Python, in the program's words.
+#[test]
+fn every_plain_dtype_of_a_workers_array_is_read_without_python() {
+    let _s = serial();
+    let pool = WorkerPool::new(1);
+    let x = Tensor::arange(0u32, 6, &cpu())
+        .unwrap()
+        .reshape((2, 3))
+        .unwrap();
+    for dtype in [
+        DType::U8,
+        DType::U32,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+    ] {
+        let op = worker_op(
+            &pool,
+            "ident",
+            "def f(x):\n    return x + 0",
+            &[OutSpec::new(dtype)],
+        );
+        let xd = x.to_dtype(dtype).unwrap();
+        // (An op's first call loads its body, with the program's GIL.)
+        op.call(&[Arg::from(&xd)]).unwrap();
+        let before = op.stats().gil_acquisitions;
+        let y = op.call(&[Arg::from(&xd)]).unwrap();
+        assert_eq!(op.stats().gil_acquisitions, before, "{dtype:?}");
+        assert_eq!((y[0].dtype(), y[0].dims()), (dtype, &[2, 3][..]));
+        assert_eq!(
+            y[0].to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap(),
+            [[0., 1., 2.], [3., 4., 5.]],
+            "{dtype:?}"
+        );
+    }
+    let positive = worker_op(
+        &pool,
+        "positive",
+        "def f(x):\n    return x > 2",
+        &[OutSpec::new(DType::U8)],
+    );
+    positive.call(&[Arg::from(&x)]).unwrap();
+    let before = positive.stats().gil_acquisitions;
+    let y = positive.call(&[Arg::from(&x)]).unwrap();
+    assert_eq!(positive.stats().gil_acquisitions, before);
+    assert_eq!(y[0].to_vec2::<u8>().unwrap(), [[0, 0, 0], [1, 1, 1]]);
+    let swapped = worker_op(
+        &pool,
+        "swapped",
+        "def f(x):\n    return x.astype('>f4')",
+        &[OutSpec::new(DType::F32)],
+    );
+    let e = swapped.call(&[Arg::from(&x)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutputMismatch);
+    assert!(
+        e.to_string().contains("got a NumPy array of dtype >f4"),
+        "{e}"
+    );
+}
+
 #[py_op(code = r#"
 import numpy as np
 

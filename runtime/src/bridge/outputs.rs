@@ -204,6 +204,19 @@ pub(crate) fn value_to_tensor(
             ))
         }
     };
+    placed(check, index, spec, tensor)
+}
+
+/// The output check's shape and device rule for a value converted to `tensor`: its shape as
+/// `spec` says, moved to the op's device (a worker's array, read without Python, comes here too).
+#[inline]
+pub(crate) fn placed(
+    check: &OutputCheck<'_>,
+    index: usize,
+    spec: &OutSpec,
+    tensor: Tensor,
+) -> Result<Tensor> {
+    let what = check.role;
     let shape_ok = match spec.like {
         Some(_) => known_shape(spec, check.args).is_some_and(|want| want == tensor.dims()),
         None => spec.shape_matches(tensor.dims()),

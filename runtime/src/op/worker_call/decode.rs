@@ -1,17 +1,20 @@
-//! A worker's answer read back with the GIL held: the value it returned (the one output check
-//! then runs on it as on a body's own), the `out` buffers it wrote, or the error it reported.
+//! A worker's answer read back: without Python where nothing but bytes is to be read (the `out`
+//! buffers it wrote, a plain array of the declared dtype), else with the GIL held: the value it
+//! returned (the one output check then runs on it as on a body's own), or the error it reported.
 
 use candle_core::DType;
 
 use super::errors::worker_error;
-use crate::bridge::outputs::{outputs_from_python, OutputCheck, Outputs};
+use crate::bridge::outputs::{outputs_from_python, placed, OutputCheck, Outputs};
 use crate::bridge::shared::{region, reply_value};
 use crate::error::{Error, ErrorKind, Result};
 use crate::worker::exchange::Answered;
 use crate::worker::protocol::Reply;
 
-/// A forward call's outputs from its worker's answer: the one output check on the values the
-/// worker returned, or the `out` buffers it wrote (`outs`: their dtypes and shapes).
+/// A forward call's outputs from its worker's answer, with the GIL: the one output check on the
+/// value the worker returned (what [`without_python`] leaves: a pickle, an error, an array of
+/// another dtype or for other outputs than one). A call that gave `out` buffers and got a value
+/// back is refused as in the program (the buffers it wrote are read by `without_python`).
 pub(crate) fn outputs(
     py: pyo3::Python<'_>,
     answer: &Answered,
@@ -20,36 +23,116 @@ pub(crate) fn outputs(
     check: &OutputCheck<'_>,
     outs: Option<&[(DType, Vec<usize>)]>,
 ) -> Result<Outputs> {
-    let places = match (&answer.reply, outs) {
-        // `Reply::check` refused a `wrote` naming another count of buffers than were sent.
-        (Reply::Wrote { outs: places, .. }, Some(_)) => places,
-        (_, outs) => {
-            let value = value(py, answer, worker, check.op, body)?;
-            return match outs {
-                None => outputs_from_python(py, check, value),
-                Some(_) => Err(crate::bridge::out::returned_instead_of_out(check, &value)),
-            };
+    let value = value(py, answer, worker, check.op, body)?;
+    match outs {
+        None => outputs_from_python(py, check, value),
+        Some(_) => Err(crate::bridge::out::returned_instead_of_out(check, &value)),
+    }
+}
+
+/// A forward call's outputs from its worker's answer without Python, where that gives exactly
+/// what the GIL's path gives: the `out` buffers the worker wrote, or a plain array of the one
+/// declared output's dtype (the usual reply), copied out of shared memory and put through the
+/// output check's own shape and device rule. `None` for any other answer, which [`outputs`]
+/// reads with the GIL: so a program's worker calls do not wait for its GIL, which its other
+/// threads' bodies may hold for milliseconds.
+pub(crate) fn without_python(
+    answer: &Answered,
+    check: &OutputCheck<'_>,
+    outs: Option<&[(DType, Vec<usize>)]>,
+) -> Option<Result<Outputs>> {
+    match (&answer.reply, outs) {
+        (Reply::Wrote { outs: places, .. }, Some(outs)) => {
+            Some(written(answer, check, outs, places))
         }
+        (
+            Reply::Array {
+                place,
+                dtype,
+                shape,
+                ..
+            },
+            None,
+        ) => {
+            let [spec] = check.tout else {
+                return None;
+            };
+            let dtype = wire_dtype(dtype).filter(|&d| d == spec.dtype)?;
+            let dims = shape
+                .iter()
+                .map(|&d| usize::try_from(d).ok())
+                .collect::<Option<Vec<usize>>>()?;
+            let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+            // (An empty array names no memory; the allocation check's refusal is its error.)
+            if n == 0 || crate::alloc::check(Some(n), dtype).is_err() {
+                return None;
+            }
+            let (map, offset, len) = region(answer, *place)?;
+            if Some(len) != n.checked_mul(dtype.size_in_bytes()) {
+                return None;
+            }
+            // SAFETY: `offset..offset + len` lies inside a mapping the answer keeps alive
+            // (`region`), `len` bytes of `n` elements of `dtype`; the worker has finished writing
+            // them (it replied).
+            let tensor =
+                unsafe { crate::alloc::tensor_from_bytes(dtype, map.as_ptr().add(offset), dims) };
+            // (Out of memory: the GIL's path says so in its words.)
+            let tensor = tensor.ok()?;
+            Some(placed(check, 0, spec, tensor).map(|t| smallvec::smallvec![t]))
+        }
+        _ => None,
+    }
+}
+
+/// The candle dtype of a plain array's dtype string as a worker sends it (`dtype.str`), as
+/// `view::candle_dtype` reads the same dtype in the program: native byte order, bool as u8.
+fn wire_dtype(dtype: &str) -> Option<DType> {
+    let native = if cfg!(target_endian = "little") {
+        '<'
+    } else {
+        '>'
     };
-    // Where each output's bytes are: its `out` buffer in the input arena, or, when the body
-    // kept a view of its buffers, the copy the worker made in the result arena (sizes checked
-    // against the buffers when the reply was read).
-    outs.into_iter()
-        .flatten()
+    let (order, rest) = dtype.split_at_checked(1)?;
+    let one_byte = matches!(rest, "u1" | "b1" | "i1");
+    if !(order == "|" && one_byte || order.starts_with(native) && !one_byte) {
+        return None;
+    }
+    Some(match rest {
+        "u1" | "b1" => DType::U8,
+        "u4" => DType::U32,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        _ => return None,
+    })
+}
+
+/// The `out` buffers a worker wrote (`places`), as tensors of their dtypes and shapes (`outs`)
+/// on the op's device: each in place in the input arena, or, when the body kept a view of its
+/// buffers, the copy the worker made in the result arena (sizes checked against the buffers when
+/// the reply was read).
+fn written(
+    answer: &Answered,
+    check: &OutputCheck<'_>,
+    outs: &[(DType, Vec<usize>)],
+    places: &[crate::worker::protocol::Place],
+) -> Result<Outputs> {
+    outs.iter()
         .zip(places)
         .map(|((dtype, dims), &at)| {
-            let Some((map, offset, len)) = region(answer, at) else {
+            let Some((map, offset, _)) = region(answer, at) else {
                 return Err(check.error(None, "a worker named memory outside its arena".into()));
             };
-            let (dtype, dims) = (*dtype, dims.clone());
-            let data = map.as_ptr() as usize + offset;
-            let t = crate::python::copy_detached(py, len, move || {
-                // SAFETY: `offset..offset + len` lies inside a mapping the answer keeps alive
-                // (`region`), `len` the buffer's size (checked when the reply was read); the
-                // worker has finished writing it (it replied), and no view the body kept can reach
-                // it (the worker copied it into the result arena if one could).
-                unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
-            })?;
+            // SAFETY: the region lies inside a mapping the answer keeps alive (`region`), its
+            // length the buffer's size (checked when the reply was read); the worker
+            // has finished writing it (it replied), and no view the body kept can reach it (the
+            // worker copied it into the result arena if one could).
+            let t = unsafe {
+                crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(offset), dims.clone())
+            }?;
             Ok(t.to_device(check.device)?)
         })
         .collect()

@@ -1,8 +1,8 @@
 //! A numpy-mode op's call in a worker process (`crate::worker`), top to bottom in
 //! [`run_in_worker`]: the request (inputs as the storage they view, arguments as the
 //! protocol's types), the exchange without the GIL (a worker leased, the inputs written into its
-//! shared memory, the reply read and checked against the protocol), then, with the GIL, the reply
-//! read back and the one output check on it. Each step's detail has its own file: finding the
+//! shared memory, the reply read and checked against the protocol), then the reply read back and
+//! the one output check on it (without the GIL where only bytes are read). Each step's detail has its own file: finding the
 //! interpreter (`launch`), loading the body (`load`), encoding the call (`encode`), reading the
 //! reply (`decode`) and what failures become (`errors`).
 
@@ -41,7 +41,7 @@ pub(crate) struct Answer {
     pub node: Option<String>,
     _lease: Option<Lease>,
     /// The call's deadline, from its exchange with the worker to the end of its output check
-    /// (the program's reading of the reply counts against it too).
+    /// (the program's reading of a reply in Python counts against it too).
     deadline: Option<Instant>,
 }
 
@@ -111,7 +111,9 @@ pub(crate) fn worker_request(
     })
 }
 
-/// Step 3 of a forward call in a worker: the reply read back and checked, with the GIL.
+/// Step 3 of a forward call in a worker: the reply read back and checked, without the GIL
+/// where only bytes are read (`decode::without_python`: the usual array, `out` buffers), else
+/// with it.
 pub(crate) fn worker_outputs(
     op: &OpInner,
     args: &[Arg<'_>],
@@ -124,23 +126,28 @@ pub(crate) fn worker_outputs(
     if let Some(node) = &answer.node {
         span.record("node", node.as_str());
     }
+    let check = OutputCheck {
+        op: &op.name,
+        tout: &request.tout,
+        device,
+        role: Role::Output,
+        args,
+    };
+    let outs = request.outs.as_deref();
+    // (Bytes only: a copy, which the call's time limit does not cut short, as in the program.)
+    if let Some(outputs) = decode::without_python(&answer.answered, &check, outs) {
+        return op.run_rust(|| outputs);
+    }
     let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
     op.run_python(device, |py| {
         crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
-        let check = OutputCheck {
-            op: &op.name,
-            tout: &request.tout,
-            device,
-            role: Role::Output,
-            args,
-        };
         decode::outputs(
             py,
             &answer.answered,
             answer.worker,
             &|| body_named(op),
             &check,
-            request.outs.as_deref(),
+            outs,
         )
     })
 }
