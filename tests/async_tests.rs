@@ -409,6 +409,53 @@ fn no_runtime_thread_waits_for_a_gil_python_holds() {
     );
 }
 
+/// An awaited worker call whose reply is only bytes (the usual array) reads it on the polling
+/// thread without the GIL, while another thread holds the GIL throughout (with it taken for the
+/// reply, each call waited for the holder, or for a hop to pyop's threads and back).
+#[test]
+fn an_awaited_worker_calls_usual_reply_needs_no_gil() {
+    let _serial = serial();
+    let pool = WorkerPool::new(1);
+    let op = worker_op(
+        &pool,
+        "plus_one",
+        "def f(x):\n    return x + 1",
+        &[OutSpec::new(DType::F64)],
+    );
+    let x = f64s(&[0.5]);
+    // Started and loaded first (how workers start is found once, with the GIL).
+    op.call(&[Arg::from(&x)]).unwrap();
+    let rt = runtime(1);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(AtomicBool::new(false));
+    let holder = {
+        let released = Arc::clone(&released);
+        std::thread::spawn(move || {
+            pyop::interop::pyo3::Python::attach(|_py| {
+                held_tx.send(()).unwrap();
+                let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                released.store(true, Ordering::SeqCst);
+            })
+        })
+    };
+    held_rx.recv().unwrap();
+    let before = op.stats().gil_acquisitions;
+    rt.block_on(async {
+        for _ in 0..20 {
+            let y = op.call_async(&[Arg::from(&x)]).await.unwrap();
+            assert_eq!(y[0].to_vec1::<f64>().unwrap(), [1.5]);
+        }
+    });
+    assert!(
+        !released.load(Ordering::SeqCst),
+        "the calls waited for the program's GIL"
+    );
+    assert_eq!(op.stats().gil_acquisitions, before);
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+}
+
 #[test]
 fn a_worker_started_for_a_dropped_call_serves_the_next() {
     let _serial = serial();

@@ -109,7 +109,8 @@ pub struct OpStats {
     /// Time spent waiting to take the GIL. Counted only while timing is on ([`set_timing`]).
     pub gil_wait: Duration,
     /// Times the calling thread took the GIL during forward calls, from the arguments to the
-    /// outputs (one per call; none for a call made while the GIL is held, as from a body).
+    /// outputs (one per call; none for a call made while the GIL is held, as from a body, nor
+    /// for a worker call whose reply is an array of its output's dtype or its `out` buffers).
     /// Releasing it inside a call — large copies, big tensor work — and taking it back does not
     /// count.
     pub gil_acquisitions: u64,

@@ -209,7 +209,7 @@ pub(crate) fn value_to_tensor(
 
 /// The output check's shape and device rule for a value converted to `tensor`: its shape as
 /// `spec` says, moved to the op's device (a worker's array, read without Python, comes here too).
-#[inline]
+#[inline(always)]
 pub(crate) fn placed(
     check: &OutputCheck<'_>,
     index: usize,

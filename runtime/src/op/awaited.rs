@@ -126,8 +126,21 @@ async fn in_worker(
         worker_call::call_in_worker_async(op, workers, &args, &request, before.timeout, launch)
             .instrument(before.span.clone())
             .await?;
+    // The usual reply (bytes only) read back and checked here, without the GIL.
+    if let Some(outputs) = worker_call::worker_outputs_without_python(
+        op,
+        &args,
+        &request,
+        &answer,
+        &before.device,
+        &before.span,
+    ) {
+        let outputs = outputs?;
+        drop(answer);
+        return forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs);
+    }
     drop(args);
-    // The reply read back and checked, and the outputs put into the graph, with the GIL:
+    // Any other reply read back and checked, and the outputs put into the graph, with the GIL:
     // here when no other thread is inside pyop's door into Python (short work of pyop's own:
     // a handover to pyop's thread and back costs two thread wake-ups), else there.
     let read_back = move || {

@@ -112,8 +112,7 @@ pub(crate) fn worker_request(
 }
 
 /// Step 3 of a forward call in a worker: the reply read back and checked, without the GIL
-/// where only bytes are read (`decode::without_python`: the usual array, `out` buffers), else
-/// with it.
+/// where only bytes are read ([`worker_outputs_without_python`]), else with it.
 pub(crate) fn worker_outputs(
     op: &OpInner,
     args: &[Arg<'_>],
@@ -122,21 +121,8 @@ pub(crate) fn worker_outputs(
     device: &Device,
     span: &tracing::Span,
 ) -> Result<Outputs> {
-    span.record("worker", answer.worker);
-    if let Some(node) = &answer.node {
-        span.record("node", node.as_str());
-    }
-    let check = OutputCheck {
-        op: &op.name,
-        tout: &request.tout,
-        device,
-        role: Role::Output,
-        args,
-    };
-    let outs = request.outs.as_deref();
-    // (Bytes only: a copy, which the call's time limit does not cut short, as in the program.)
-    if let Some(outputs) = decode::without_python(&answer.answered, &check, outs) {
-        return op.run_rust(|| outputs);
+    if let Some(outputs) = worker_outputs_without_python(op, args, request, answer, device, span) {
+        return outputs;
     }
     let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
     op.run_python(device, |py| {
@@ -146,10 +132,48 @@ pub(crate) fn worker_outputs(
             &answer.answered,
             answer.worker,
             &|| body_named(op),
-            &check,
-            outs,
+            &output_check(op, args, request, device),
+            request.outs.as_deref(),
         )
     })
+}
+
+/// Step 3 where it needs no Python (`decode::without_python`: the usual array, `out` buffers,
+/// read as bytes, which the call's time limit does not cut short, as a copy in the program):
+/// the outputs, the call counted; `None` for a reply read with the GIL ([`worker_outputs`]). A
+/// worker call then never waits for the program's GIL, which its other threads' bodies may hold
+/// for milliseconds. (The exchange's span gets the worker here, once.)
+pub(crate) fn worker_outputs_without_python(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    request: &Request,
+    answer: &Answer,
+    device: &Device,
+    span: &tracing::Span,
+) -> Option<Result<Outputs>> {
+    span.record("worker", answer.worker);
+    if let Some(node) = &answer.node {
+        span.record("node", node.as_str());
+    }
+    let check = output_check(op, args, request, device);
+    let outputs = decode::without_python(&answer.answered, &check, request.outs.as_deref())?;
+    Some(op.run_rust(|| outputs))
+}
+
+/// What a forward call's outputs are checked against.
+fn output_check<'a>(
+    op: &'a OpInner,
+    args: &'a [Arg<'a>],
+    request: &'a Request,
+    device: &'a Device,
+) -> OutputCheck<'a> {
+    OutputCheck {
+        op: &op.name,
+        tout: &request.tout,
+        device,
+        role: Role::Output,
+        args,
+    }
 }
 
 /// A registered Python gradient run in a worker, with the same arguments as in the program:
