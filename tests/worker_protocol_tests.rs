@@ -395,6 +395,31 @@ fn every_plain_dtype_of_a_workers_array_is_read_without_python() {
         e.to_string().contains("got a NumPy array of dtype >f4"),
         "{e}"
     );
+    // Read as bytes or with Python, the same outputs and errors as the same op in the program:
+    // a 0-d array, an empty one, int8 (no candle dtype), a shape unlike the argument's.
+    let like = [OutSpec::like(DType::F32, 0)];
+    let f32_ = [OutSpec::new(DType::F32)];
+    for (code, tout) in [
+        (
+            "def f(x):\n    return np.float32(x.sum()).reshape(())",
+            &f32_[..],
+        ),
+        ("def f(x):\n    return x[:0].astype(np.float32)", &f32_),
+        ("def f(x):\n    return x.astype(np.int8)", &f32_),
+        ("def f(x):\n    return x[:1].astype(np.float32)", &like),
+        ("def f(x):\n    return x.astype(np.float32)", &like),
+    ] {
+        let run = |op: PyOp| {
+            op.call(&[Arg::from(&x)])
+                .map(|y| {
+                    let values = y[0].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    (y[0].dims().to_vec(), values)
+                })
+                .map_err(|e| (e.kind(), e.to_string()))
+        };
+        let in_worker = run(worker_op(&pool, "same", code, tout));
+        assert_eq!(in_worker, run(program_op("same", code, tout)), "{code}");
+    }
 }
 
 #[py_op(code = r#"

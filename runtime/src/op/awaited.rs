@@ -126,15 +126,11 @@ async fn in_worker(
         worker_call::call_in_worker_async(op, workers, &args, &request, before.timeout, launch)
             .instrument(before.span.clone())
             .await?;
+    worker_call::record_worker(&answer, &before.span);
     // The usual reply (bytes only) read back and checked here, without the GIL.
-    if let Some(outputs) = worker_call::worker_outputs_without_python(
-        op,
-        &args,
-        &request,
-        &answer,
-        &before.device,
-        &before.span,
-    ) {
+    if let Some(outputs) =
+        worker_call::worker_outputs_without_python(op, &args, &request, &answer, &before.device)
+    {
         let outputs = outputs?;
         drop(answer);
         return forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs);
@@ -146,13 +142,12 @@ async fn in_worker(
     let read_back = move || {
         let args = owned.args();
         let _entered = before.span.enter();
-        let outputs = worker_call::worker_outputs(
+        let outputs = worker_call::worker_outputs_with_gil(
             &pyop.inner,
             &args,
             &request,
             &answer,
             &before.device,
-            &before.span,
         )?;
         drop(answer);
         forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs)

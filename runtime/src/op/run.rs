@@ -46,6 +46,14 @@ impl OpInner {
         result
     }
 
+    /// Records a call that finished without Python and without Rust of the op's own (a worker's
+    /// reply read as bytes): counted, with no time in Python.
+    pub(crate) fn finished_without_python<T>(&self, result: Result<T>) -> Result<T> {
+        let result = result.map_err(|e| e.in_op(&self.name));
+        self.counters.record(result.is_ok(), None);
+        result
+    }
+
     /// Records a call that failed before it reached Python (devices, input preparation).
     pub(crate) fn failed_before_python<T>(&self, result: Result<T>) -> Result<T> {
         result

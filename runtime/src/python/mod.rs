@@ -110,6 +110,16 @@ fn detached<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// meanwhile; below it, releasing and taking the GIL back costs more than it frees.
 const COPY_WITHOUT_GIL_AT: usize = 1 << 20;
 
+/// Runs `copy`, a copy of `bytes` bytes that needs no Python, on a thread that may hold the GIL
+/// (a caller inside `Python::attach`, a body): without it when it is held and the copy is large.
+pub(crate) fn copy_without_gil<R: Send>(bytes: usize, copy: impl FnOnce() -> R + Send) -> R {
+    if bytes >= COPY_WITHOUT_GIL_AT {
+        without_gil(copy)
+    } else {
+        copy()
+    }
+}
+
 /// Runs `copy`, a copy of `bytes` bytes that needs no Python, without the GIL when it is large.
 pub(crate) fn copy_detached<R: Send>(
     py: Python<'_>,

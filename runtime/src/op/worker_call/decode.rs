@@ -33,9 +33,10 @@ pub(crate) fn outputs(
 /// A forward call's outputs from its worker's answer without Python, where that gives exactly
 /// what the GIL's path gives: the `out` buffers the worker wrote, or a plain array of the one
 /// declared output's dtype (the usual reply), copied out of shared memory and put through the
-/// output check's own shape and device rule. `None` for any other answer, which [`outputs`]
-/// reads with the GIL: so a program's worker calls do not wait for its GIL, which its other
-/// threads' bodies may hold for milliseconds.
+/// output check's own shape and device rule (a large copy without the GIL, should the caller
+/// hold it). `None` for any other answer, which [`outputs`] reads with the GIL: so a program's
+/// worker calls do not wait for its GIL to read their usual reply, while its other threads'
+/// bodies may hold it for milliseconds.
 pub(crate) fn without_python(
     answer: &Answered,
     check: &OutputCheck<'_>,
@@ -71,11 +72,13 @@ pub(crate) fn without_python(
             if Some(len) != n.checked_mul(dtype.size_in_bytes()) {
                 return None;
             }
-            // SAFETY: `offset..offset + len` lies inside a mapping the answer keeps alive
-            // (`region`), `len` bytes of `n` elements of `dtype`; the worker has finished writing
-            // them (it replied).
-            let tensor =
-                unsafe { crate::alloc::tensor_from_bytes(dtype, map.as_ptr().add(offset), dims) };
+            let data = map.as_ptr() as usize + offset;
+            let tensor = crate::python::copy_without_gil(len, move || {
+                // SAFETY: `offset..offset + len` lies inside a mapping the answer keeps alive
+                // (`region`), `len` bytes of `n` elements of `dtype`; the worker has finished
+                // writing them (it replied).
+                unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
+            });
             // (Out of memory: the GIL's path says so in its words.)
             let tensor = tensor.ok()?;
             Some(placed(check, 0, spec, tensor).map(|t| smallvec::smallvec![t]))
@@ -93,7 +96,7 @@ fn wire_dtype(dtype: &str) -> Option<DType> {
         '>'
     };
     let (order, rest) = dtype.split_at_checked(1)?;
-    let one_byte = matches!(rest, "u1" | "b1" | "i1");
+    let one_byte = matches!(rest, "u1" | "b1");
     if !(order == "|" && one_byte || order.starts_with(native) && !one_byte) {
         return None;
     }
@@ -123,16 +126,17 @@ fn written(
     outs.iter()
         .zip(places)
         .map(|((dtype, dims), &at)| {
-            let Some((map, offset, _)) = region(answer, at) else {
+            let Some((map, offset, len)) = region(answer, at) else {
                 return Err(check.error(None, "a worker named memory outside its arena".into()));
             };
-            // SAFETY: the region lies inside a mapping the answer keeps alive (`region`), its
-            // length the buffer's size (checked when the reply was read); the worker
-            // has finished writing it (it replied), and no view the body kept can reach it (the
-            // worker copied it into the result arena if one could).
-            let t = unsafe {
-                crate::alloc::tensor_from_bytes(*dtype, map.as_ptr().add(offset), dims.clone())
-            }?;
+            let (dtype, dims, data) = (*dtype, dims.clone(), map.as_ptr() as usize + offset);
+            let t = crate::python::copy_without_gil(len, move || {
+                // SAFETY: `offset..offset + len` lies inside a mapping the answer keeps alive
+                // (`region`), `len` the buffer's size (checked when the reply was read); the
+                // worker has finished writing it (it replied), and no view the body kept can reach
+                // it (the worker copied it into the result arena if one could).
+                unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
+            })?;
             Ok(t.to_device(check.device)?)
         })
         .collect()

@@ -84,7 +84,7 @@ pub(crate) fn run_in_worker(
         workers,
         forward_call(op, &groups, &request, timeout),
     ))?;
-    // 3. The reply read back and checked, with the GIL.
+    // 3. The reply read back and checked: as bytes without the GIL, or with it.
     worker_outputs(op, args, &request, &answer, device, span)
 }
 
@@ -112,7 +112,8 @@ pub(crate) fn worker_request(
 }
 
 /// Step 3 of a forward call in a worker: the reply read back and checked, without the GIL
-/// where only bytes are read ([`worker_outputs_without_python`]), else with it.
+/// where only bytes are read ([`worker_outputs_without_python`]), else with it
+/// ([`worker_outputs_with_gil`]).
 pub(crate) fn worker_outputs(
     op: &OpInner,
     args: &[Arg<'_>],
@@ -121,9 +122,50 @@ pub(crate) fn worker_outputs(
     device: &Device,
     span: &tracing::Span,
 ) -> Result<Outputs> {
-    if let Some(outputs) = worker_outputs_without_python(op, args, request, answer, device, span) {
-        return outputs;
+    record_worker(answer, span);
+    match worker_outputs_without_python(op, args, request, answer, device) {
+        Some(outputs) => outputs,
+        None => worker_outputs_with_gil(op, args, request, answer, device),
     }
+}
+
+/// The worker (and its node) in the call's span, once it answered.
+pub(crate) fn record_worker(answer: &Answer, span: &tracing::Span) {
+    span.record("worker", answer.worker);
+    if let Some(node) = &answer.node {
+        span.record("node", node.as_str());
+    }
+}
+
+/// Step 3 where it needs no Python (`decode::without_python`: the usual array, `out` buffers,
+/// read as bytes, which the call's time limit does not cut short, as a copy in the program):
+/// the outputs, the call counted (no time with the GIL); `None` for a reply read with the GIL.
+/// A worker call then does not wait for the program's GIL, which its other threads' bodies may
+/// hold for milliseconds. Only once the program has NumPy: until then the GIL's path imports it
+/// (and says so when it cannot), as for every reply.
+pub(crate) fn worker_outputs_without_python(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    request: &Request,
+    answer: &Answer,
+    device: &Device,
+) -> Option<Result<Outputs>> {
+    if !crate::python::numpy::imported() {
+        return None;
+    }
+    let check = output_check(op, args, request, device);
+    let outputs = decode::without_python(&answer.answered, &check, request.outs.as_deref())?;
+    Some(op.finished_without_python(outputs))
+}
+
+/// Step 3 with the GIL: the reply read back as Python values and checked as a body's own.
+pub(crate) fn worker_outputs_with_gil(
+    op: &OpInner,
+    args: &[Arg<'_>],
+    request: &Request,
+    answer: &Answer,
+    device: &Device,
+) -> Result<Outputs> {
     let _deadline = crate::python::timeout::Deadline::until(answer.deadline);
     op.run_python(device, |py| {
         crate::python::numpy::ensure_numpy(py, Some(&op.name))?;
@@ -136,28 +178,6 @@ pub(crate) fn worker_outputs(
             request.outs.as_deref(),
         )
     })
-}
-
-/// Step 3 where it needs no Python (`decode::without_python`: the usual array, `out` buffers,
-/// read as bytes, which the call's time limit does not cut short, as a copy in the program):
-/// the outputs, the call counted; `None` for a reply read with the GIL ([`worker_outputs`]). A
-/// worker call then never waits for the program's GIL, which its other threads' bodies may hold
-/// for milliseconds. (The exchange's span gets the worker here, once.)
-pub(crate) fn worker_outputs_without_python(
-    op: &OpInner,
-    args: &[Arg<'_>],
-    request: &Request,
-    answer: &Answer,
-    device: &Device,
-    span: &tracing::Span,
-) -> Option<Result<Outputs>> {
-    span.record("worker", answer.worker);
-    if let Some(node) = &answer.node {
-        span.record("node", node.as_str());
-    }
-    let check = output_check(op, args, request, device);
-    let outputs = decode::without_python(&answer.answered, &check, request.outs.as_deref())?;
-    Some(op.run_rust(|| outputs))
 }
 
 /// What a forward call's outputs are checked against.
