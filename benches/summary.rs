@@ -484,13 +484,25 @@ fn python_process_loop(iters: usize, calls: usize, procs: usize) -> Duration {
 /// turns (`runs` short runs of `calls` each), the loop called in the child and run in itself.
 /// Returns the medians per call: (in the child, round trip included; in the parent). Their
 /// ratio is the floor of "1 thread: workers ÷ program" here (two processes' caches and the
-/// machine's wake-ups, with nothing of pyop's).
-fn python_pair_loop(iters: usize, calls: usize, runs: usize) -> (Duration, Duration) {
+/// machine's wake-ups, with nothing of pyop's). `placement`: where the scheduler puts the two
+/// (`free`), or both pinned to one CPU (`same`: no CPU is woken, each hands the other the one it
+/// runs on), or to two (`split`: every message wakes the other's CPU from idle); `None` for
+/// `split` with one CPU allowed.
+fn python_pair_loop(
+    iters: usize,
+    calls: usize,
+    runs: usize,
+    placement: &str,
+) -> Option<(Duration, Duration)> {
     let code = format!(
-        "import os, socket, time\n\
+        "import os, socket, sys, time\n\
          def pyloop(n):\n    s = 0\n    for i in range(n):\n        s += i % 7\n    return s\n\
+         cpus = sorted(os.sched_getaffinity(0))\n\
+         pin = {{'free': None, 'same': (cpus[0], cpus[0]), 'split': (cpus[0], cpus[-1])}}['{placement}']\n\
+         if pin and pin[0] == pin[1] and '{placement}' == 'split':\n    print('nan nan'); sys.exit()\n\
+         if pin:\n    os.sched_setaffinity(0, {{pin[0]}})\n\
          a, b = socket.socketpair()\n\
-         if os.fork() == 0:\n    a.close()\n    while b.recv(8):\n        pyloop({iters})\n        b.sendall(bytes(8))\n    os._exit(0)\n\
+         if os.fork() == 0:\n    a.close()\n    if pin:\n        os.sched_setaffinity(0, {{pin[1]}})\n    while b.recv(8):\n        pyloop({iters})\n        b.sendall(bytes(8))\n    os._exit(0)\n\
          b.close()\n\
          def child():\n    t = time.perf_counter()\n    for _ in range({calls}):\n        a.sendall(bytes(8)); a.recv(8)\n    return (time.perf_counter() - t) / {calls}\n\
          def parent():\n    t = time.perf_counter()\n    for _ in range({calls}):\n        pyloop({iters})\n    return (time.perf_counter() - t) / {calls}\n\
@@ -510,10 +522,12 @@ fn python_pair_loop(iters: usize, calls: usize, runs: usize) -> (Duration, Durat
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let mut t = text
+    let t: Vec<f64> = text
         .split_whitespace()
-        .map(|v| Duration::from_secs_f64(v.parse().unwrap()));
-    (t.next().unwrap(), t.next().unwrap())
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (t[0].is_finite() && t[1].is_finite())
+        .then(|| (Duration::from_secs_f64(t[0]), Duration::from_secs_f64(t[1])))
 }
 
 /// The venv's interpreter, as `scripts/dev.sh` sets it up (its NumPy), else `python3`.
@@ -1476,11 +1490,20 @@ fn main() {
             python_process_loop(*iters, calls.max(reps()), 2)
         });
     }
-    if wanted("pingpong_python_pyloop") {
-        let (child, parent) = python_pair_loop(*iters, (calls / 10).max(1), reps() * 10);
-        if !warming_up() {
+    // Where the scheduler puts them, then pinned to one CPU and to two: what placement alone
+    // does to the floor of the 1-thread ratio here.
+    for (case, placement) in [
+        ("pingpong_python_pyloop", "free"),
+        ("pingpong_python_pyloop_samecpu", "same"),
+        ("pingpong_python_pyloop_twocpus", "split"),
+    ] {
+        if !wanted(case) {
+            continue;
+        }
+        let pair = python_pair_loop(*iters, (calls / 10).max(1), reps() * 10, placement);
+        if let (Some((child, parent)), false) = (pair, warming_up()) {
             println!(
-                "case=pingpong_python_pyloop median_us={:.3} inparent_us={:.3}",
+                "case={case} median_us={:.3} inparent_us={:.3}",
                 child.as_secs_f64() * 1e6,
                 parent.as_secs_f64() * 1e6
             );

@@ -2,6 +2,7 @@
 
 import re
 import sys
+from typing import Optional
 
 pyop = {}
 fields = {}  # a case's other key=value fields (how a worker case waited, the load, the steal)
@@ -237,16 +238,33 @@ if p1 and p2:
         f"{p1 / p2:.2f}× the throughput{ceiling} |"
     )
 q1, q2 = g("pyloop_inprocess_1thread"), g("pyloop_workers2_1thread")
+
+
 # The same loop called in a forked child of a plain `python -c` over a socket pair, against the
 # parent running it itself: the floor of the 1-thread ratio here, with nothing of pyop's.
-pair_child = g("pingpong_python_pyloop")
-pair_parent = fields.get("pingpong_python_pyloop", {}).get("inparent_us")
-pair_floor = pair_child / float(pair_parent) if pair_child and pair_parent else None
+def pair_ratio(case: str) -> Optional[float]:
+    child = g(case)
+    parent = fields.get(case, {}).get("inparent_us")
+    return child / float(parent) if child and parent else None
+
+
+# Where the scheduler puts the two; then pinned to one CPU (no CPU woken from idle) and to two
+# (every message wakes the other's CPU).
+pair_floor = pair_ratio("pingpong_python_pyloop")
+pinned = [
+    f"{where}: {r:.2f}×"
+    for where, r in (
+        ("both on one CPU", pair_ratio("pingpong_python_pyloop_samecpu")),
+        ("on two", pair_ratio("pingpong_python_pyloop_twocpus")),
+    )
+    if r is not None
+]
 if q1 and q2:
     floor = (
         ""
         if pair_floor is None
         else f"; plain Python calling the loop in a child process: {pair_floor:.2f}× its own time"
+        + (f" ({', '.join(pinned)})" if pinned else "")
     )
     print(
         f"| the same, 1 thread | {fmt(q1)} | {fmt(q2)} | {q2 / q1:.2f}× the program's time{floor} |"
