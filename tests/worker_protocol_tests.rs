@@ -332,6 +332,41 @@ fn a_workers_bytes_are_read_without_the_programs_gil() {
     holder.join().unwrap();
 }
 
+/// A fresh program's first worker calls, before pyop has imported NumPy in it: the `out` buffers
+/// a worker wrote and its array are read with the GIL then (which imports NumPy, as every reply
+/// did), and without it from then on; the same outputs either way.
+#[test]
+fn a_fresh_programs_first_worker_calls_read_their_replies() {
+    let _s = serial();
+    let (passed, text) = common::child_test(module_path!(), "first_replies_child", &[]);
+    assert!(passed, "{text}");
+}
+
+#[test]
+#[ignore = "a child process of a_fresh_programs_first_worker_calls_read_their_replies"]
+fn first_replies_child() {
+    let pool = WorkerPool::new(1);
+    let plus_out = worker_op(
+        &pool,
+        "plus_out",
+        "def f(x, out):\n    np.add(x, 1, out=out)",
+        &[OutSpec::like(DType::F32, 0)],
+    );
+    let twice = worker_op(
+        &pool,
+        "twice",
+        "def f(x):\n    return x * 2",
+        &[OutSpec::new(DType::F32)],
+    );
+    let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
+    for _ in 0..2 {
+        let y = plus_out.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+        let y = twice.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4., 6.]);
+    }
+}
+
 /// Every dtype a worker's plain array can have for a candle dtype (bool as u8, as in the
 /// program) is read without Python, exactly; one byte order or kind candle lacks is the output
 /// check's to refuse, with Python, in the program's words.

@@ -11,10 +11,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::worker::exchange::Answered;
 use crate::worker::protocol::Reply;
 
-/// A forward call's outputs from its worker's answer, with the GIL: the one output check on the
-/// value the worker returned (what [`without_python`] leaves: a pickle, an error, an array of
-/// another dtype or for other outputs than one). A call that gave `out` buffers and got a value
-/// back is refused as in the program (the buffers it wrote are read by `without_python`).
+/// A forward call's outputs from its worker's answer, with the GIL: the `out` buffers it wrote
+/// (as [`without_python`] reads them, which a program reads this way until it has NumPy), or the
+/// one output check on the value the worker returned (what `without_python` leaves: a pickle, an
+/// error, an array of another dtype or for other outputs than one). A call that gave `out`
+/// buffers and got a value back is refused as in the program.
 pub(crate) fn outputs(
     py: pyo3::Python<'_>,
     answer: &Answered,
@@ -23,6 +24,9 @@ pub(crate) fn outputs(
     check: &OutputCheck<'_>,
     outs: Option<&[(DType, Vec<usize>)]>,
 ) -> Result<Outputs> {
+    if let (Reply::Wrote { outs: places, .. }, Some(outs)) = (&answer.reply, outs) {
+        return written(answer, check, outs, places);
+    }
     let value = value(py, answer, worker, check.op, body)?;
     match outs {
         None => outputs_from_python(py, check, value),

@@ -2,9 +2,9 @@
 //! [`run_in_worker`]: the request (inputs as the storage they view, arguments as the
 //! protocol's types), the exchange without the GIL (a worker leased, the inputs written into its
 //! shared memory, the reply read and checked against the protocol), then the reply read back and
-//! the one output check on it (without the GIL where only bytes are read). Each step's detail has its own file: finding the
-//! interpreter (`launch`), loading the body (`load`), encoding the call (`encode`), reading the
-//! reply (`decode`) and what failures become (`errors`).
+//! the one output check on it (without the GIL where only bytes are read). Each step's detail
+//! has its own file: finding the interpreter (`launch`), loading the body (`load`), encoding the
+//! call (`encode`), reading the reply (`decode`) and what failures become (`errors`).
 
 pub(crate) mod decode;
 pub(crate) mod encode;
