@@ -332,9 +332,10 @@ fn a_workers_bytes_are_read_without_the_programs_gil() {
     holder.join().unwrap();
 }
 
-/// A fresh program's first worker calls, before pyop has imported NumPy in it: the `out` buffers
-/// a worker wrote and its array are read with the GIL then (which imports NumPy, as every reply
-/// did), and without it from then on; the same outputs either way.
+/// A fresh program's first worker call, before pyop has imported NumPy in it: the `out` buffers
+/// the worker wrote are read with the GIL then (which imports NumPy, as every reply did), and
+/// the next calls' buffers and arrays without it (no time in Python); the same outputs either
+/// way.
 #[test]
 fn a_fresh_programs_first_worker_calls_read_their_replies() {
     let _s = serial();
@@ -359,11 +360,23 @@ fn first_replies_child() {
         &[OutSpec::new(DType::F32)],
     );
     let x = Tensor::new(&[1f32, 2., 3.], &cpu()).unwrap();
-    for _ in 0..2 {
+    pyop::set_timing(true);
+    for call in 0..3 {
         let y = plus_out.call(&[Arg::from(&x)]).unwrap();
         assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+        let python = plus_out.stats().python_time;
+        if call == 0 {
+            assert!(
+                python > Duration::ZERO,
+                "the first reply was read with the GIL"
+            );
+        }
         let y = twice.call(&[Arg::from(&x)]).unwrap();
         assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 4., 6.]);
+        assert_eq!(twice.stats().python_time, Duration::ZERO);
+        let y = plus_out.call(&[Arg::from(&x)]).unwrap();
+        assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
+        assert_eq!(plus_out.stats().python_time, python);
     }
 }
 

@@ -111,7 +111,8 @@ pub struct OpStats {
     /// Times the calling thread took the GIL during forward calls, from the arguments to the
     /// outputs (one per call; none for a call made while the GIL is held, as from a body, nor
     /// for a worker call whose reply is read as bytes: a non-empty array of its one output's
-    /// dtype, or its `out` buffers). Awaited calls are not counted.
+    /// dtype, or its `out` buffers, once pyop has imported NumPy in the program, which the
+    /// first worker call does). Awaited calls are not counted.
     /// Releasing it inside a call — large copies, big tensor work — and taking it back does not
     /// count.
     pub gil_acquisitions: u64,

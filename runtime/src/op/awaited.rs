@@ -5,8 +5,9 @@
 //! runs on one of pyop's own threads (`threads`), the only ones an awaited call lets wait for
 //! the GIL. An op whose body runs in a worker process: the inputs are prepared and written where
 //! the future is polled (no GIL needed), the future waits for a free worker and for its reply as
-//! a task (the pool's event, the reactor), and only the reply's read-back, which takes the GIL,
-//! runs on one of pyop's threads. Dropping the future cancels the call: a body in the program is
+//! a task (the pool's event, the reactor), and the usual reply is read back there too, without
+//! the GIL; only a read-back that takes the GIL runs on one of pyop's threads (or where the
+//! future is polled, when no other thread is in pyop's door into Python). Dropping the future cancels the call: a body in the program is
 //! interrupted as a time limit interrupts it (or never starts), a worker running it is killed
 //! (as on a time limit), and a request not yet sent is not sent.
 
@@ -127,13 +128,17 @@ async fn in_worker(
             .instrument(before.span.clone())
             .await?;
     worker_call::record_worker(&answer, &before.span);
-    // The usual reply (bytes only) read back and checked here, without the GIL.
-    if let Some(outputs) =
-        worker_call::worker_outputs_without_python(op, &args, &request, &answer, &before.device)
+    // The usual reply (bytes only) read back and checked here, without the GIL, in the call's
+    // span as on the GIL's path.
     {
-        let outputs = outputs?;
-        drop(answer);
-        return forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs);
+        let _entered = before.span.enter();
+        if let Some(outputs) =
+            worker_call::worker_outputs_without_python(op, &args, &request, &answer, &before.device)
+        {
+            let outputs = outputs?;
+            drop(answer);
+            return forward::after(&pyop.inner, &args, before.needs_node, prepared, outputs);
+        }
     }
     drop(args);
     // Any other reply read back and checked, and the outputs put into the graph, with the GIL:

@@ -90,7 +90,9 @@ thread_local! {
 /// the current thread state, compared with this thread's (on 3.11 the current one is the GIL
 /// holder's, on 3.12 and later this thread's own while it is attached: equal to this thread's
 /// either way exactly when this thread holds the GIL). Before that, or on a thread whose state
-/// pyop does not know, CPython's own `PyGILState_Check`.
+/// pyop does not know, the same compare with the state CPython keeps for this thread, as
+/// `PyGILState_Check` makes it (which answers yes on every thread once a subinterpreter has
+/// existed: a runtime thread that never ran Python would then take the GIL to let go of it).
 pub(crate) fn holds_gil() -> bool {
     let known = KEPT.try_with(|k| k.tstate.get()).unwrap_or(ptr::null_mut());
     if !known.is_null() {
@@ -98,9 +100,16 @@ pub(crate) fn holds_gil() -> bool {
         // while pyop's calls run; this only reads the current thread state's address.
         return unsafe { ffi::compat::PyThreadState_GetUnchecked() } == known;
     }
-    // SAFETY: PyGILState_Check only reads the calling thread's state; Py_IsInitialized first so
-    // that it is never asked before the interpreter exists.
-    unsafe { ffi::Py_IsInitialized() != 0 && ffi::PyGILState_Check() == 1 }
+    // SAFETY: Py_IsInitialized first, so that nothing is asked before the interpreter exists;
+    // PyGILState_GetThisThreadState reads this thread's entry, and the current thread state's
+    // address is only compared.
+    unsafe {
+        if ffi::Py_IsInitialized() == 0 {
+            return false;
+        }
+        let mine = ffi::PyGILState_GetThisThreadState();
+        !mine.is_null() && ffi::compat::PyThreadState_GetUnchecked() == mine
+    }
 }
 
 /// Makes sure this thread, which does not hold the GIL, has a Python thread state that outlives

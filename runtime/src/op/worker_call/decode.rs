@@ -14,8 +14,9 @@ use crate::worker::protocol::Reply;
 /// A forward call's outputs from its worker's answer, with the GIL: the `out` buffers it wrote
 /// (as [`without_python`] reads them, which a program reads this way until it has NumPy), or the
 /// one output check on the value the worker returned (what `without_python` leaves: a pickle, an
-/// error, an array of another dtype or for other outputs than one). A call that gave `out`
-/// buffers and got a value back is refused as in the program.
+/// error, an empty array, an array of another dtype or for other outputs than one, one whose copy
+/// the allocation check refuses; and every reply until the program has NumPy). A call that gave
+/// `out` buffers and got a value back is refused as in the program.
 pub(crate) fn outputs(
     py: pyo3::Python<'_>,
     answer: &Answered,
