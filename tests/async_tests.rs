@@ -426,32 +426,15 @@ fn an_awaited_worker_calls_usual_reply_needs_no_gil() {
     // Started and loaded first (how workers start is found once, with the GIL).
     op.call(&[Arg::from(&x)]).unwrap();
     let rt = runtime(1);
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let released = Arc::new(AtomicBool::new(false));
-    let holder = {
-        let released = Arc::clone(&released);
-        std::thread::spawn(move || {
-            pyop::interop::pyo3::Python::attach(|_py| {
-                held_tx.send(()).unwrap();
-                let _ = release_rx.recv_timeout(Duration::from_secs(10));
-                released.store(true, Ordering::SeqCst);
-            })
-        })
-    };
-    held_rx.recv().unwrap();
+    let holder = common::GilHolder::start();
     rt.block_on(async {
         for _ in 0..20 {
             let y = op.call_async(&[Arg::from(&x)]).await.unwrap();
             assert_eq!(y[0].to_vec1::<f64>().unwrap(), [1.5]);
         }
     });
-    assert!(
-        !released.load(Ordering::SeqCst),
-        "the calls waited for the program's GIL"
-    );
-    release_tx.send(()).unwrap();
-    holder.join().unwrap();
+    assert!(!holder.released(), "the calls waited for the program's GIL");
+    holder.release();
 }
 
 #[test]

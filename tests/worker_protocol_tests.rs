@@ -256,7 +256,6 @@ fn out_buffers_in_workers() {
 /// conversion) still reads it with the GIL, once the holder lets go.
 #[test]
 fn a_workers_bytes_are_read_without_the_programs_gil() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let _s = serial();
     let pool = WorkerPool::new(1);
     let f32_ = [OutSpec::new(DType::F32)];
@@ -278,21 +277,7 @@ fn a_workers_bytes_are_read_without_the_programs_gil() {
     for op in [&twice, &plus_out, &as_f64] {
         let _ = op.call(&[Arg::from(&x)]);
     }
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let released = std::sync::Arc::new(AtomicBool::new(false));
-    let holder = {
-        let released = released.clone();
-        std::thread::spawn(move || {
-            pyop::interop::pyo3::Python::attach(|_py| {
-                held_tx.send(()).unwrap();
-                // Held until told, or for 10 s (a call that needs the GIL gets it then).
-                let _ = release_rx.recv_timeout(Duration::from_secs(10));
-                released.store(true, Ordering::SeqCst);
-            })
-        })
-    };
-    held_rx.recv().unwrap();
+    let holder = common::GilHolder::start();
     let before = (
         twice.stats().gil_acquisitions,
         plus_out.stats().gil_acquisitions,
@@ -303,10 +288,7 @@ fn a_workers_bytes_are_read_without_the_programs_gil() {
         let y = plus_out.call(&[Arg::from(&x)]).unwrap();
         assert_eq!(y[0].to_vec1::<f32>().unwrap(), [2., 3., 4.]);
     }
-    assert!(
-        !released.load(Ordering::SeqCst),
-        "the calls waited for the program's GIL"
-    );
+    assert!(!holder.released(), "the calls waited for the program's GIL");
     assert_eq!(
         (
             twice.stats().gil_acquisitions,
@@ -322,14 +304,13 @@ fn a_workers_bytes_are_read_without_the_programs_gil() {
     });
     std::thread::sleep(Duration::from_millis(200));
     assert!(!converted.is_finished());
-    release_tx.send(()).unwrap();
+    holder.release();
     let (kind, msg) = converted.join().unwrap();
     assert_eq!(kind, ErrorKind::OutputMismatch);
     assert!(
         msg.contains("expected dtype f32, got a NumPy array of dtype float64"),
         "{msg}"
     );
-    holder.join().unwrap();
 }
 
 /// A fresh program's first worker call, before pyop has imported NumPy in it: the `out` buffers

@@ -132,13 +132,19 @@ impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
 }
 
 impl<'a> Arg<'a> {
-    /// Calls `f` on every tensor of the argument.
-    pub(crate) fn for_each_tensor(&self, mut f: impl FnMut(&'a Tensor)) {
-        match self {
-            Arg::Tensor(t) => f(t),
-            Arg::Tensors(ts) => ts.iter().for_each(f),
-            _ => {}
+    /// The argument's tensors: one, a list's, or none.
+    #[inline]
+    pub(crate) fn tensors(&self) -> &'a [Tensor] {
+        match *self {
+            Arg::Tensor(t) => std::slice::from_ref(t),
+            Arg::Tensors(ts) => ts,
+            _ => &[],
         }
+    }
+
+    /// Calls `f` on every tensor of the argument.
+    pub(crate) fn for_each_tensor(&self, f: impl FnMut(&'a Tensor)) {
+        self.tensors().iter().for_each(f)
     }
 }
 

@@ -226,3 +226,48 @@ pub fn user_crate_blocks(text: &str) -> std::collections::BTreeMap<String, Strin
     }
     blocks
 }
+
+/// Another thread holding the GIL, taken through pyo3 as a program's own code takes it, until
+/// [`GilHolder::release`] or for 10 s (a call that needs the GIL gets it then), for the tests
+/// of what runs without it.
+pub struct GilHolder {
+    release: mpsc::Sender<()>,
+    released: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl GilHolder {
+    /// Returns once the other thread holds the GIL.
+    pub fn start() -> GilHolder {
+        let (held_tx, held_rx) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let released = released.clone();
+            std::thread::spawn(move || {
+                pyop::interop::pyo3::Python::attach(|_py| {
+                    held_tx.send(()).unwrap();
+                    let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                    released.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+            })
+        };
+        held_rx.recv().unwrap();
+        GilHolder {
+            release,
+            released,
+            thread,
+        }
+    }
+
+    /// Whether the holder has let go of the GIL (told to, or after its 10 s).
+    pub fn released(&self) -> bool {
+        self.released.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets go of the GIL and ends the holder's thread.
+    pub fn release(self) {
+        let _ = self.release.send(());
+        self.thread.join().unwrap();
+    }
+}

@@ -353,7 +353,7 @@ pub(crate) fn array_to_tensor(
     // is copied as bytes, never read through a typed slice.
     // SAFETY: reading the data pointer of a live array object.
     let data = unsafe { (*array.as_array_ptr()).fields.data } as usize;
-    crate::python::copy_detached(py, n * dtype.size_in_bytes(), move || {
+    crate::python::copy_without_gil(n * dtype.size_in_bytes(), move || {
         // SAFETY: `n` elements of `dtype` are readable as bytes at `data`.
         unsafe { crate::alloc::tensor_from_bytes(dtype, data as *const u8, dims) }
     })

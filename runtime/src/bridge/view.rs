@@ -213,7 +213,16 @@ pub(crate) fn candle_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
     if descr.is_native_byteorder() == Some(false) || descr.has_fields() || descr.has_subarray() {
         return None;
     }
-    Some(match (descr.kind(), descr.itemsize()) {
+    match (descr.kind(), descr.itemsize()) {
+        (b'V', 1 | 2) => ml_dtype(descr),
+        (kind, size) => plain_dtype(kind, size),
+    }
+}
+
+/// The candle dtype of a NumPy dtype of plain numbers, by its kind and size (bool → u8): the
+/// one table, for a dtype object here and for a worker's dtype string (`dtype.str`).
+pub(crate) fn plain_dtype(kind: u8, itemsize: usize) -> Option<DType> {
+    Some(match (kind, itemsize) {
         (b'u' | b'b', 1) => DType::U8,
         (b'u', 4) => DType::U32,
         (b'i', 2) => DType::I16,
@@ -222,7 +231,6 @@ pub(crate) fn candle_dtype(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
         (b'f', 2) => DType::F16,
         (b'f', 4) => DType::F32,
         (b'f', 8) => DType::F64,
-        (b'V', 1 | 2) => return ml_dtype(descr),
         _ => return None,
     })
 }

@@ -133,18 +133,11 @@ fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> R
     // One plain pass (the message is made only on a clash): a scalar call's device in ~20
     // instructions.
     let mut first: Option<&Device> = None;
-    for arg in args {
-        let tensors = match arg {
-            Arg::Tensor(t) => std::slice::from_ref(*t),
-            Arg::Tensors(ts) => ts,
-            _ => continue,
-        };
-        for t in tensors {
-            match first {
-                None => first = Some(t.device()),
-                Some(d) if !d.same_device(t.device()) => return Err(devices_clash(op, d, t)),
-                Some(_) => {}
-            }
+    for t in args.iter().flat_map(Arg::tensors) {
+        match first {
+            None => first = Some(t.device()),
+            Some(d) if !d.same_device(t.device()) => return Err(devices_clash(op, d, t)),
+            Some(_) => {}
         }
     }
     Ok(explicit.or(first).cloned().unwrap_or(Device::Cpu))

@@ -120,19 +120,6 @@ pub(crate) fn copy_without_gil<R: Send>(bytes: usize, copy: impl FnOnce() -> R +
     }
 }
 
-/// Runs `copy`, a copy of `bytes` bytes that needs no Python, without the GIL when it is large.
-pub(crate) fn copy_detached<R: Send>(
-    py: Python<'_>,
-    bytes: usize,
-    copy: impl FnOnce() -> R + Send,
-) -> R {
-    if bytes >= COPY_WITHOUT_GIL_AT {
-        py.detach(copy)
-    } else {
-        copy()
-    }
-}
-
 /// `TypeName: message` of a Python error, for messages that need no traceback.
 pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
     let (ty, msg) = exception_parts(py, err);

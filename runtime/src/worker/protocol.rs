@@ -491,7 +491,7 @@ impl Place {
 }
 
 /// A plain dtype string as NumPy writes it (`<f4`, `|u1`, `<c16`): its element size.
-fn itemsize(dtype: &str) -> Option<u64> {
+pub(crate) fn itemsize(dtype: &str) -> Option<u64> {
     let b = dtype.as_bytes();
     if b.len() < 3 || b.len() > 4 || !b"<>|=".contains(&b[0]) || !b"biufc".contains(&b[1]) {
         return None;

@@ -117,7 +117,7 @@ pub(crate) fn import(
     let tensor = match &target {
         Device::Cpu => {
             // Large copies run without the GIL (the producer's memory stays ours meanwhile).
-            crate::python::copy_detached(py, layout.n * dtype.size_in_bytes(), || {
+            crate::python::copy_without_gil(layout.n * dtype.size_in_bytes(), || {
                 // SAFETY: the producer's memory holds the elements `layout` describes, readable
                 // until `taken` drops (after this).
                 unsafe { host_copy(base, dtype, layout) }

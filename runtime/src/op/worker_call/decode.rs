@@ -92,30 +92,24 @@ pub(crate) fn without_python(
     }
 }
 
-/// The candle dtype of a plain array's dtype string as a worker sends it (`dtype.str`), as
-/// `view::candle_dtype` reads the same dtype in the program: native byte order, bool as u8.
+/// The candle dtype of a plain array's dtype string as a worker sends it (`dtype.str`: byte
+/// order, kind, size, checked as the protocol checks it), read by the program's one table
+/// (`view::plain_dtype`, as `view::candle_dtype` reads a dtype object): native byte order (one
+/// byte has none), bool as u8.
 fn wire_dtype(dtype: &str) -> Option<DType> {
-    let native = if cfg!(target_endian = "little") {
-        '<'
-    } else {
-        '>'
+    let size = crate::worker::protocol::itemsize(dtype)?;
+    let [order, kind, ..] = *dtype.as_bytes() else {
+        return None;
     };
-    let (order, rest) = dtype.split_at_checked(1)?;
-    let one_byte = matches!(rest, "u1" | "b1");
-    if !(order == "|" && one_byte || order.starts_with(native) && !one_byte) {
+    let native = if cfg!(target_endian = "little") {
+        b'<'
+    } else {
+        b'>'
+    };
+    if !(size == 1 || order == native || order == b'=') {
         return None;
     }
-    Some(match rest {
-        "u1" | "b1" => DType::U8,
-        "u4" => DType::U32,
-        "i2" => DType::I16,
-        "i4" => DType::I32,
-        "i8" => DType::I64,
-        "f2" => DType::F16,
-        "f4" => DType::F32,
-        "f8" => DType::F64,
-        _ => return None,
-    })
+    crate::bridge::view::plain_dtype(kind, usize::try_from(size).ok()?)
 }
 
 /// The `out` buffers a worker wrote (`places`), as tensors of their dtypes and shapes (`outs`)
