@@ -1254,6 +1254,64 @@ fn input_views_are_reused_only_when_nothing_can_reach_them() {
     }
 }
 
+/// A spare input view refilled with a layout gets NumPy's own flags for it, also where NumPy's
+/// last answer on this thread was for the same shape with other strides, or the same strides
+/// with another shape: the thread's memo of the flags (`ndarray::FlagsMemo`) is used only for the
+/// very layout it was computed for. One input of one rank and dtype, so every call refills the
+/// same spare view.
+#[test]
+fn a_refilled_views_flags_are_numpys_for_its_layout() {
+    let op = PyOp::builder("viewflags")
+        .code(
+            "import numpy as np\n\
+             def f(x):\n\
+             \x20   v = x.view()\n\
+             \x20   got = [x.flags.c_contiguous, x.flags.f_contiguous, x.flags.aligned]\n\
+             \x20   assert got == [v.flags.c_contiguous, v.flags.f_contiguous, v.flags.aligned], got\n\
+             \x20   return np.array(got, dtype=np.uint8)\n",
+        )
+        .function("f")
+        .numpy()
+        .tout([OutSpec::new(DType::U8)])
+        .build()
+        .unwrap();
+    let square = Tensor::arange(0f64, 9., &cpu())
+        .unwrap()
+        .reshape((3, 3))
+        .unwrap();
+    let wide = Tensor::arange(0f64, 12., &cpu())
+        .unwrap()
+        .reshape((3, 4))
+        .unwrap();
+    // (3, 3) in C order, in Fortran order, and neither (strides 4 and 1 elements); (1, 3) and
+    // (3, 1), contiguous both ways; (3, 3) in C order again.
+    let layouts = [
+        (square.clone(), [1, 0, 1]),
+        (square.t().unwrap(), [0, 1, 1]),
+        (wide.narrow(1, 0, 3).unwrap(), [0, 0, 1]),
+        (wide.narrow(1, 1, 3).unwrap(), [0, 0, 1]),
+        (square.narrow(0, 0, 1).unwrap(), [1, 1, 1]),
+        (square.narrow(1, 0, 1).unwrap(), [0, 0, 1]),
+        (
+            square.narrow(1, 0, 1).unwrap().contiguous().unwrap(),
+            [1, 1, 1],
+        ),
+        (square.clone(), [1, 0, 1]),
+    ];
+    for round in 0..3 {
+        for (i, (x, want)) in layouts.iter().enumerate() {
+            let got = op.call(&[Arg::from(x)]).unwrap();
+            assert_eq!(
+                got[0].to_vec1::<u8>().unwrap(),
+                want,
+                "round {round}, layout {i}: {:?} strides {:?}",
+                x.dims(),
+                x.stride()
+            );
+        }
+    }
+}
+
 /// A registered gradient's views (inputs, outputs, grads) go back to the thread's spares after
 /// it returns like a forward call's: gradient calls leave the thread's store as full as they
 /// found it (they emptied it: the tuples still held the views when their objects were given

@@ -26,6 +26,7 @@ pub(crate) type Items<'py> = SmallVec<[Bound<'py, PyAny>; 4]>;
 /// outputs are read, so that an input the body handed back is let go too, and those nothing
 /// else holds go back to the thread's spares (`tensor::spare`). (The caller's `made`, rather
 /// than one returned with the arguments: ~50 bytes fewer moved through a `Result`.)
+#[inline(always)]
 pub(crate) fn python_args<'py>(
     py: Python<'py>,
     passing: Passing,
@@ -89,6 +90,7 @@ pub(crate) fn python_tuple<'py>(
 
 /// Calls `callable(*args, out=out)` (without `out` when it is `None`) by vectorcall, so that no
 /// argument tuple or keyword dict is made, and lets go of the arguments as soon as it returns.
+#[inline(always)]
 pub(crate) fn call<'py>(
     callable: &Bound<'py, PyAny>,
     args: Items<'py>,

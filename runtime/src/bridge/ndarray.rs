@@ -135,6 +135,60 @@ pub(crate) unsafe fn view_parts<'a, 'py>(
     }
 }
 
+/// The parts of a view this thread's store kept (`tensor::spare`), if nothing but the caller's
+/// one reference reaches any of them: [`view_parts`]' counts of one along the chain, and nothing
+/// more. Its other conditions held when the view was kept and cannot have changed since: the
+/// store's reference was the view's only one, NumPy arrays are not tracked by the garbage
+/// collector and the base holds no reference to an array, so nothing reached either array (no
+/// new reference, weak reference, buffer, flag or field). Only the base can have been found
+/// (`gc.get_objects()`) and held, which its count shows.
+///
+/// # Safety
+/// As for [`view_parts`], and `view` is a view [`view_parts`] accepted when the store kept it,
+/// held since by the store alone (its reference now the caller's).
+#[inline(always)]
+pub(crate) unsafe fn kept_parts<'a, 'py>(
+    py: Python<'py>,
+    view: &'a Bound<'py, PyAny>,
+) -> Option<ViewParts<'a, 'py>> {
+    use pyo3::ffi::Py_REFCNT;
+    let view = view.as_ptr().cast::<ArrayObject>();
+    // SAFETY: the parts as `view_parts` accepted them, alive while the caller holds the view;
+    // only their counts are read.
+    unsafe {
+        let root = (*view).array.fields.base.cast::<ArrayObject>();
+        let base = (*root).array.fields.base;
+        let sole =
+            Py_REFCNT(view.cast()) == 1 && Py_REFCNT(root.cast()) == 1 && Py_REFCNT(base) == 1;
+        sole.then_some(ViewParts {
+            py,
+            view,
+            root,
+            base,
+            _view: std::marker::PhantomData,
+        })
+    }
+}
+
+/// NumPy's contiguity and alignment flags for one layout, as `PyArray_UpdateFlags` last computed
+/// them on this thread (`tensor::spare` keeps one): the flags are a function of the dtype, the
+/// shape, the strides and the data address modulo the dtype's alignment (a power of two, at most
+/// 64 here), so the same layout gets them again without asking NumPy (~90 instructions of a
+/// numpy-mode scalar call).
+#[derive(Clone, Copy)]
+pub(crate) struct FlagsMemo {
+    descr: *mut npyffi::PyArray_Descr,
+    nd: usize,
+    dims: [npy_intp; MEMO_RANK],
+    strides: [npy_intp; MEMO_RANK],
+    /// The data address modulo 64.
+    offset: usize,
+    flags: std::ffi::c_int,
+}
+
+/// The highest rank [`FlagsMemo`] remembers.
+const MEMO_RANK: usize = 4;
+
 impl<'py> ViewParts<'_, 'py> {
     /// The `pyop.Tensor` under the arrays.
     pub(crate) fn base(&self) -> Borrowed<'_, 'py, PyTensor> {
@@ -158,7 +212,7 @@ impl<'py> ViewParts<'_, 'py> {
     /// As for [`view_parts`], which gave these parts, with no Python code run since; `p`'s
     /// tensor has the parts' rank and dtype ([`Self::kind`]), and the base holds it before the
     /// view is handed out.
-    pub(crate) unsafe fn refill(&self, p: &Prepared) {
+    pub(crate) unsafe fn refill(&self, p: &Prepared, memo: &mut Option<FlagsMemo>) {
         let t = &p.tensor;
         let size = t.dtype().size_in_bytes() as npy_intp;
         for a in [self.root, self.view] {
@@ -173,20 +227,46 @@ impl<'py> ViewParts<'_, 'py> {
                 }
             }
         }
-        // SAFETY: as above; `UpdateFlags` reads the root's data, shape, strides and dtype,
-        // which are its own, and sets the contiguity and alignment flags from them. The view has
-        // the same data and layout, so the same flags.
-        unsafe {
-            (*self.root).array.fields.flags = 0;
-            PY_ARRAY_API.PyArray_UpdateFlags(
-                self.py,
-                self.root.cast(),
-                npyffi::NPY_ARRAY_C_CONTIGUOUS
-                    | npyffi::NPY_ARRAY_F_CONTIGUOUS
-                    | npyffi::NPY_ARRAY_ALIGNED,
-            );
-            (*self.view).array.fields.flags = (*self.root).array.fields.flags;
-        }
+        // SAFETY: as above (the arrays are the caller's alone).
+        let root = unsafe { &mut (*self.root).array.fields };
+        let rank = t.rank();
+        let (dims, strides): (&[npy_intp], &[npy_intp]) = if rank == 0 {
+            (&[], &[]) // the pointers may be null then
+        } else {
+            // SAFETY: `dimensions` and `strides` hold `rank` entries each, written above.
+            unsafe {
+                (
+                    std::slice::from_raw_parts(root.dimensions, rank),
+                    std::slice::from_raw_parts(root.strides, rank),
+                )
+            }
+        };
+        let offset = p.data % 64;
+        root.flags = match memo {
+            // The memo's flags are the ones NumPy computed for this very dtype, shape, strides
+            // and data offset.
+            Some(m) if m.is_of(root.descr, dims, strides, offset) => m.flags,
+            _ => {
+                root.flags = 0;
+                // SAFETY: as above; `UpdateFlags` reads the root's data, shape, strides and
+                // dtype, which are its own, and sets the contiguity and alignment flags from
+                // them.
+                unsafe {
+                    PY_ARRAY_API.PyArray_UpdateFlags(
+                        self.py,
+                        self.root.cast(),
+                        npyffi::NPY_ARRAY_C_CONTIGUOUS
+                            | npyffi::NPY_ARRAY_F_CONTIGUOUS
+                            | npyffi::NPY_ARRAY_ALIGNED,
+                    );
+                }
+                *memo = FlagsMemo::of(root.descr, dims, strides, offset, root.flags);
+                root.flags
+            }
+        };
+        // The view has the same data and layout, so the same flags.
+        // SAFETY: as above.
+        unsafe { (*self.view).array.fields.flags = root.flags };
     }
 
     /// Makes both arrays empty (every dimension 0) over no one's memory, for a view kept as a
@@ -206,5 +286,48 @@ impl<'py> ViewParts<'_, 'py> {
                 }
             }
         }
+    }
+}
+
+impl FlagsMemo {
+    /// The memo of `flags` for this layout, if its rank is one kept.
+    fn of(
+        descr: *mut npyffi::PyArray_Descr,
+        dims: &[npy_intp],
+        strides: &[npy_intp],
+        offset: usize,
+        flags: std::ffi::c_int,
+    ) -> Option<Self> {
+        let nd = dims.len();
+        (nd <= MEMO_RANK).then(|| {
+            let mut memo = FlagsMemo {
+                descr,
+                nd,
+                dims: [0; MEMO_RANK],
+                strides: [0; MEMO_RANK],
+                offset,
+                flags,
+            };
+            memo.dims[..nd].copy_from_slice(dims);
+            memo.strides[..nd].copy_from_slice(strides);
+            memo
+        })
+    }
+
+    /// Whether this is the memo of that dtype and layout, data at the same offset modulo 64.
+    #[inline(always)]
+    fn is_of(
+        &self,
+        descr: *mut npyffi::PyArray_Descr,
+        dims: &[npy_intp],
+        strides: &[npy_intp],
+        offset: usize,
+    ) -> bool {
+        let n = self.nd;
+        self.descr == descr
+            && n == dims.len()
+            && self.offset == offset
+            && self.dims[..n] == *dims
+            && self.strides[..n] == *strides
     }
 }

@@ -78,6 +78,7 @@ impl OutputCheck<'_> {
 /// It takes the body's result by value and lets go of the tuple or list before converting the
 /// items, so an array only the result referenced has no other reference and can be adopted
 /// without a copy (see `numbers::to_tensor`).
+#[inline(always)]
 pub(crate) fn outputs_from_python(
     py: Python<'_>,
     check: &OutputCheck<'_>,

@@ -58,6 +58,7 @@ pub(crate) type PreparedInputs = smallvec::SmallVec<[Prepared; 4]>;
 
 /// Prepares every tensor of `args`, in order, into `out` (empty). Runs without the GIL: it may
 /// copy and lock.
+#[inline(always)]
 pub(crate) fn prepare_inputs(
     op: &str,
     passing: Passing,
@@ -67,10 +68,10 @@ pub(crate) fn prepare_inputs(
     debug_assert!(out.is_empty());
     for arg in args {
         match arg {
-            Arg::Tensor(t) => out.push(prepare(op, passing, t, out.len())?),
+            Arg::Tensor(t) => prepare(op, passing, t, out)?,
             Arg::Tensors(ts) => {
                 for t in *ts {
-                    out.push(prepare(op, passing, t, out.len())?);
+                    prepare(op, passing, t, out)?;
                 }
             }
             _ => {}
@@ -79,10 +80,12 @@ pub(crate) fn prepare_inputs(
     Ok(())
 }
 
+/// Prepares `t` onto the end of `out` (pushed there rather than returned: a `Result` of it is
+/// `pyop::Error`'s 112 bytes, copied piecewise on the way).
 #[inline(always)]
-fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepared> {
+fn prepare(op: &str, passing: Passing, t: &Tensor, out: &mut PreparedInputs) -> Result<()> {
     if let Some(why) = passing.refuses(t.dtype()) {
-        return Err(refused(op, t, index, why));
+        return Err(refused(op, t, out.len(), why));
     }
     // A Var's storage can be overwritten in place by `Var::set` while the body reads it; candle's
     // `copy` takes the storage's read lock, so the snapshot is all old or all new values. `copy`
@@ -104,11 +107,12 @@ fn prepare(op: &str, passing: Passing, t: &Tensor, index: usize) -> Result<Prepa
         Passing::Views => cpu_data_ptr(&t),
         Passing::Tensors | Passing::Dlpack => 0,
     };
-    Ok(Prepared {
+    out.push(Prepared {
         tensor: t,
         data,
         shares_var,
-    })
+    });
+    Ok(())
 }
 
 #[cold]

@@ -105,7 +105,16 @@ async fn in_worker(
     let workers = op.workers.as_ref().expect("an op with workers");
     let args = owned.args();
     let mut prepared = crate::bridge::prepare::PreparedInputs::new();
-    let before = forward::before(op, &args, device.as_ref(), timeout, &mut prepared)?;
+    let mut settled = None;
+    forward::before(
+        op,
+        &args,
+        device.as_ref(),
+        timeout,
+        &mut prepared,
+        &mut settled,
+    )?;
+    let before = settled.expect("settled by `before`");
     // With hot reload on, the body's check takes the GIL: on pyop's threads.
     let body = match &op.reload {
         None => (None, op.accepts_out),

@@ -51,6 +51,7 @@ impl PyOp {
     }
 
     /// The call itself; `call_outputs` counts the GIL acquisitions it makes.
+    #[inline(always)]
     fn call_counted(&self, args: &[Arg<'_>], options: &CallOptions<'_>) -> Result<Outputs> {
         match &self.inner.batcher {
             Some(batcher) => batch::call(self, batcher, args, options),

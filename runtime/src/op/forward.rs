@@ -25,7 +25,7 @@ use crate::python::timeout::run_limited;
 use crate::spec::Mode;
 
 /// One body call: of one call, or of a batch of `batch` calls (`op::batch`).
-#[inline]
+#[inline(always)]
 pub(crate) fn call(
     op: &Arc<OpInner>,
     args: &[Arg<'_>],
@@ -34,7 +34,16 @@ pub(crate) fn call(
 ) -> Result<Outputs> {
     // Prepared into this frame (~110 bytes not moved through `Result`s: ~60 instructions).
     let mut prepared = PreparedInputs::new();
-    let before = before(op, args, options.device, options.timeout, &mut prepared)?;
+    let mut settled = None;
+    before(
+        op,
+        args,
+        options.device,
+        options.timeout,
+        &mut prepared,
+        &mut settled,
+    )?;
+    let before = settled.as_ref().expect("settled by `before`");
     if let Some(n) = batch {
         before.span.record("batch", n);
     }
@@ -90,7 +99,8 @@ pub(crate) struct Before {
 }
 
 /// The part of a forward call before its body: the device, the inputs prepared into `prepared`
-/// (without the GIL), the time limit.
+/// (without the GIL), the time limit, written into the caller's `settled` (a `Result<Before>`
+/// would be `pyop::Error`'s 112 bytes and more, copied piecewise on the way out).
 #[inline(always)]
 pub(crate) fn before(
     op: &OpInner,
@@ -98,7 +108,8 @@ pub(crate) fn before(
     device: Option<&Device>,
     timeout: Option<Duration>,
     prepared: &mut PreparedInputs,
-) -> Result<Before> {
+    settled: &mut Option<Before>,
+) -> Result<()> {
     let device = op.failed_before_python(output_device(op, args, device))?;
     let span = tracing::trace_span!(
         "pyop.call",
@@ -121,12 +132,13 @@ pub(crate) fn before(
     if needs_node {
         *prepared = autograd::detach_prepared(std::mem::take(prepared));
     }
-    Ok(Before {
+    *settled = Some(Before {
         device,
         needs_node,
         timeout: timeout.or(op.timeout),
         span,
-    })
+    });
+    Ok(())
 }
 
 fn output_device(op: &OpInner, args: &[Arg<'_>], explicit: Option<&Device>) -> Result<Device> {
@@ -158,6 +170,7 @@ fn devices_clash(op: &OpInner, d: &Device, t: &candle_core::Tensor) -> crate::er
 
 /// The body's part of a forward call, with the GIL held: the Python arguments, the body (with
 /// `out` buffers when it takes them and every output's shape is known), the output check.
+#[inline(always)]
 fn run_body(
     op: &OpInner,
     py: Python<'_>,

@@ -15,6 +15,7 @@ use crate::error::Result;
 impl OpInner {
     /// Runs `f` with the GIL held and `device` as the device of tensors made in Python, names the
     /// op in its errors, and records the call: time in Python and time waiting for the GIL.
+    #[inline(always)]
     pub(crate) fn run_python<R>(
         &self,
         device: &Device,

@@ -54,6 +54,8 @@ struct Store {
     /// What an emptied spare holds (one per thread: cloning it touches no other thread's
     /// counter).
     empty: Option<Tensor>,
+    /// NumPy's flags for the layout a view was last refilled with.
+    flags: Option<ndarray::FlagsMemo>,
 }
 
 impl Drop for Store {
@@ -85,6 +87,7 @@ thread_local! {
             spares: Vec::new(),
             views: Vec::new(),
             empty: None,
+            flags: None,
         })
     };
 }
@@ -127,6 +130,7 @@ impl<'py> Made<'py> {
         self.object(py, Fields::view_base(tensor, data, false))
     }
 
+    #[inline(always)]
     fn object(&mut self, py: Python<'py>, fields: Fields) -> PyResult<Bound<'py, PyTensor>> {
         let object = fresh(py, fields)?;
         debug_assert!(!self.views, "one kind per call");
@@ -168,34 +172,37 @@ impl<'py> Made<'py> {
             .try_with(|store| {
                 let mut store = store.try_borrow_mut().ok()?;
                 let i = store.views.iter().rposition(|v| v.kind == (nd, descr))?;
-                Some(store.views.swap_remove(i).view.into_bound(py))
+                let view = store.views.swap_remove(i).view.into_bound(py);
+                {
+                    // SAFETY: the GIL is held; the view was kept (`give_back_view`) only where
+                    // NumPy lays arrays out as `view_parts` reads them, and only once
+                    // `view_parts` accepted it. The store's reference was its only one, now this
+                    // function's. `None` where the base was found (`gc.get_objects()`) and is
+                    // held: the view is let go.
+                    let parts = unsafe { ndarray::kept_parts(py, &view) }?;
+                    // SAFETY: the base's only reference is the root's, reached only through
+                    // this function's view; no Python code has run since it was counted.
+                    let _emptied = unsafe {
+                        replace(
+                            &parts.base(),
+                            Fields::view_base(p.tensor.clone(), p.data, false),
+                        )
+                    };
+                    // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by
+                    // them), and the base holds it now.
+                    unsafe { parts.refill(p, &mut store.flags) };
+                }
+                Some(view)
             })
             .ok()
             .flatten()?;
-        {
-            // SAFETY: the GIL is held; the view was kept only where NumPy lays arrays out as
-            // `view_parts` reads them. The store's reference was its only one, now this
-            // function's. `None` where the base was found (`gc.get_objects()`) and is held: the
-            // view is let go.
-            let parts = unsafe { ndarray::view_parts(py, &view) }?;
-            // SAFETY: the base's only reference is the root's, reached only through this
-            // function's view; no Python code has run since it was counted.
-            let _emptied = unsafe {
-                replace(
-                    &parts.base(),
-                    Fields::view_base(p.tensor.clone(), p.data, false),
-                )
-            };
-            // SAFETY: as above; `p`'s tensor has the parts' rank and dtype (found by them), and
-            // the base holds it now.
-            unsafe { parts.refill(p) };
-        }
         self.keep_view(view.clone());
         Some(view)
     }
 }
 
 impl Drop for Made<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         for object in self.made.drain(..) {
             if self.views {
@@ -208,6 +215,7 @@ impl Drop for Made<'_> {
 }
 
 /// A `pyop.Tensor` holding `fields`: a spare refilled, or a new object.
+#[inline(always)]
 fn fresh(py: Python<'_>, fields: Fields) -> PyResult<Bound<'_, PyTensor>> {
     Ok(match take(py) {
         Some(spare) => {
@@ -242,6 +250,7 @@ fn take(py: Python<'_>) -> Option<Bound<'_, PyTensor>> {
 
 /// Keeps `object` in this thread's store, emptied, if nothing else references it; else lets it
 /// go.
+#[inline(always)]
 fn give_back(object: Bound<'_, PyTensor>) {
     if !KEEPS_SPARES || refs(&object) != 1 {
         return;
