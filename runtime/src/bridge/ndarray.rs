@@ -323,11 +323,14 @@ impl FlagsMemo {
         strides: &[npy_intp],
         offset: usize,
     ) -> bool {
-        let n = self.nd;
+        // An element loop: the slices' `==` is a `memcmp` call for a handful of entries.
         self.descr == descr
-            && n == dims.len()
+            && self.nd == dims.len()
             && self.offset == offset
-            && self.dims[..n] == *dims
-            && self.strides[..n] == *strides
+            && dims
+                .iter()
+                .zip(strides)
+                .zip(self.dims.iter().zip(&self.strides))
+                .all(|(a, b)| a == b)
     }
 }
