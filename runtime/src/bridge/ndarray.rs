@@ -23,14 +23,20 @@ struct ArrayObject {
 }
 
 /// Whether input views are kept and refilled (`spare`): with NumPy 1.22 or later, whose arrays
-/// are laid out as [`ArrayObject`].
+/// are laid out as [`ArrayObject`], and not on a CPython built with `--with-trace-refs`, whose
+/// `sys.getobjects()` lists every object, untracked arrays too, so a kept view could be reached.
 pub(crate) fn spare_views(py: Python<'_>) -> bool {
     use pyo3::sync::PyOnceLock;
     static LAYOUT: PyOnceLock<bool> = PyOnceLock::new();
-    // SAFETY: a plain query of the loaded NumPy's C-API feature version (NumPy is loaded: the
-    // caller makes arrays).
-    *LAYOUT.get_or_init(py, || unsafe {
-        PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) >= 0x0f // NPY_1_22_API_VERSION
+    *LAYOUT.get_or_init(py, || {
+        let lists_every_object = py
+            .import("sys")
+            .and_then(|sys| sys.hasattr("getobjects"))
+            .unwrap_or(true);
+        // SAFETY: a plain query of the loaded NumPy's C-API feature version (NumPy is loaded:
+        // the caller makes arrays).
+        let layout = unsafe { PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) } >= 0x0f; // NPY_1_22_API_VERSION
+        layout && !lists_every_object
     })
 }
 
@@ -135,13 +141,17 @@ pub(crate) unsafe fn view_parts<'a, 'py>(
     }
 }
 
-/// The parts of a view this thread's store kept (`tensor::spare`), if nothing but the caller's
-/// one reference reaches any of them: [`view_parts`]' counts of one along the chain, and nothing
-/// more. Its other conditions held when the view was kept and cannot have changed since: the
-/// store's reference was the view's only one, NumPy arrays are not tracked by the garbage
-/// collector and the base holds no reference to an array, so nothing reached either array (no
-/// new reference, weak reference, buffer, flag or field). Only the base can have been found
-/// (`gc.get_objects()`) and held, which its count shows.
+/// The parts of a view this thread's store kept (`tensor::spare`) for inputs of rank `nd`, if
+/// nothing but the caller's one reference reaches any of them: [`view_parts`]' counts of one
+/// along the chain, its rank and no weak reference on either array, and nothing more. Its other
+/// conditions held when the view was kept and cannot have changed since: the store's reference
+/// was the view's only one, NumPy arrays are not tracked by the garbage collector and the base
+/// holds no reference to an array, so nothing reached either array (no new reference, weak
+/// reference, buffer, flag or field). Only the base can have been found (`gc.get_objects()`) and
+/// held, which its count shows. (A CPython whose `sys.getobjects()` reaches untracked objects
+/// keeps no views: [`spare_views`]. The few loads for the links, ranks and weak references are
+/// kept anyway, so that an array reached all the same is let go rather than written out of
+/// bounds.)
 ///
 /// # Safety
 /// As for [`view_parts`], and `view` is a view [`view_parts`] accepted when the store kept it,
@@ -150,16 +160,27 @@ pub(crate) unsafe fn view_parts<'a, 'py>(
 pub(crate) unsafe fn kept_parts<'a, 'py>(
     py: Python<'py>,
     view: &'a Bound<'py, PyAny>,
+    nd: usize,
 ) -> Option<ViewParts<'a, 'py>> {
     use pyo3::ffi::Py_REFCNT;
     let view = view.as_ptr().cast::<ArrayObject>();
-    // SAFETY: the parts as `view_parts` accepted them, alive while the caller holds the view;
-    // only their counts are read.
+    // SAFETY: the view is alive while the caller holds it; so is its base, checked non-null, and
+    // the root's base while the root is. Fields and counts are only read.
     unsafe {
         let root = (*view).array.fields.base.cast::<ArrayObject>();
+        if root.is_null() {
+            return None;
+        }
         let base = (*root).array.fields.base;
-        let sole =
-            Py_REFCNT(view.cast()) == 1 && Py_REFCNT(root.cast()) == 1 && Py_REFCNT(base) == 1;
+        let (v, r) = (&(*view).array.fields, &(*root).array.fields);
+        let sole = !base.is_null()
+            && Py_REFCNT(view.cast()) == 1
+            && Py_REFCNT(root.cast()) == 1
+            && Py_REFCNT(base) == 1
+            && v.nd as usize == nd
+            && r.nd as usize == nd
+            && v.weakreflist.is_null()
+            && r.weakreflist.is_null();
         sole.then_some(ViewParts {
             py,
             view,
@@ -227,46 +248,56 @@ impl<'py> ViewParts<'_, 'py> {
                 }
             }
         }
-        // SAFETY: as above (the arrays are the caller's alone).
-        let root = unsafe { &mut (*self.root).array.fields };
+        // Written through the raw pointers only (NumPy writes the root's flags too).
+        let root = self.root;
+        // SAFETY: as above (the arrays are the caller's alone); read only.
+        let (descr, dims, strides) = unsafe {
+            let f = &(*root).array.fields;
+            (f.descr, f.dimensions, f.strides)
+        };
         let rank = t.rank();
         let (dims, strides): (&[npy_intp], &[npy_intp]) = if rank == 0 {
             (&[], &[]) // the pointers may be null then
         } else {
-            // SAFETY: `dimensions` and `strides` hold `rank` entries each, written above.
+            // SAFETY: `dimensions` and `strides` hold `rank` entries each, written above; only
+            // read (by NumPy too) while the slices live.
             unsafe {
                 (
-                    std::slice::from_raw_parts(root.dimensions, rank),
-                    std::slice::from_raw_parts(root.strides, rank),
+                    std::slice::from_raw_parts(dims, rank),
+                    std::slice::from_raw_parts(strides, rank),
                 )
             }
         };
         let offset = p.data % 64;
-        root.flags = match memo {
+        let flags = match memo {
             // The memo's flags are the ones NumPy computed for this very dtype, shape, strides
             // and data offset.
-            Some(m) if m.is_of(root.descr, dims, strides, offset) => m.flags,
+            Some(m) if m.is_of(descr, dims, strides, offset) => m.flags,
             _ => {
-                root.flags = 0;
                 // SAFETY: as above; `UpdateFlags` reads the root's data, shape, strides and
                 // dtype, which are its own, and sets the contiguity and alignment flags from
                 // them.
-                unsafe {
+                let flags = unsafe {
+                    (*root).array.fields.flags = 0;
                     PY_ARRAY_API.PyArray_UpdateFlags(
                         self.py,
-                        self.root.cast(),
+                        root.cast(),
                         npyffi::NPY_ARRAY_C_CONTIGUOUS
                             | npyffi::NPY_ARRAY_F_CONTIGUOUS
                             | npyffi::NPY_ARRAY_ALIGNED,
                     );
-                }
-                *memo = FlagsMemo::of(root.descr, dims, strides, offset, root.flags);
-                root.flags
+                    (*root).array.fields.flags
+                };
+                *memo = FlagsMemo::of(descr, dims, strides, offset, flags);
+                flags
             }
         };
         // The view has the same data and layout, so the same flags.
         // SAFETY: as above.
-        unsafe { (*self.view).array.fields.flags = root.flags };
+        unsafe {
+            (*root).array.fields.flags = flags;
+            (*self.view).array.fields.flags = flags;
+        }
     }
 
     /// Makes both arrays empty (every dimension 0) over no one's memory, for a view kept as a

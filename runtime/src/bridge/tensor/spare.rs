@@ -179,7 +179,7 @@ impl<'py> Made<'py> {
                     // `view_parts` accepted it. The store's reference was its only one, now this
                     // function's. `None` where the base was found (`gc.get_objects()`) and is
                     // held: the view is let go.
-                    let parts = unsafe { ndarray::kept_parts(py, &view) }?;
+                    let parts = unsafe { ndarray::kept_parts(py, &view, nd) }?;
                     // SAFETY: the base's only reference is the root's, reached only through
                     // this function's view; no Python code has run since it was counted.
                     let _emptied = unsafe {
@@ -576,6 +576,41 @@ mod tests {
             let found = found.bind(py).cast::<PyTensor>().unwrap().get();
             assert_eq!(found.tensor().elem_count(), 0);
         });
+    }
+
+    /// What `kept_parts` still reads, should a kept view be reached all the same (on a CPython
+    /// whose `sys.getobjects()` lists untracked objects, where no view is kept): a view reshaped
+    /// to another rank (possible while it is empty) or weakly referenced is let go when taken,
+    /// not written into.
+    #[test]
+    fn a_spare_view_reached_while_kept_is_let_go() {
+        for code in [
+            "x.shape = (0,)\nr = 0",
+            "import weakref\nr = weakref.ref(x)",
+        ] {
+            with_py(|py| {
+                let a = Tensor::zeros((2, 2), DType::F32, &Device::Cpu).unwrap();
+                drop(view_of(py, &mut Made::default(), &a));
+                let (kept, held) = STORE.with(|s| {
+                    let store = s.borrow();
+                    let v = store.views.last().unwrap().view.bind(py);
+                    (v.as_ptr() as usize, run(py, code, v).unbind())
+                });
+                let spares = kept_views().len();
+                let mut made = Made::default();
+                let y = view_of(py, &mut made, &a);
+                assert_ne!(y.as_ptr() as usize, kept, "{code}");
+                assert_eq!(kept_views().len(), spares - 1, "{code}");
+                assert_eq!(
+                    y.getattr("shape")
+                        .unwrap()
+                        .extract::<(usize, usize)>()
+                        .unwrap(),
+                    (2, 2)
+                );
+                drop(held);
+            });
+        }
     }
 
     #[test]
