@@ -191,6 +191,29 @@ pub(crate) unsafe fn kept_parts<'a, 'py>(
     }
 }
 
+/// An array's shape and strides (in bytes), its own `nd` entries of each (none for rank 0, whose
+/// pointers may be null).
+///
+/// # Safety
+/// `f` points to a live array's fields; the slices are only read, and only while nothing writes
+/// the array's shape and strides.
+#[inline(always)]
+pub(crate) unsafe fn dims_and_strides<'a>(
+    f: *const npyffi::PyArrayObject_fields,
+) -> (&'a [npy_intp], &'a [npy_intp]) {
+    // SAFETY: per the contract; a live array's `dimensions` and `strides` hold `nd` entries each.
+    unsafe {
+        let nd = (*f).nd as usize;
+        if nd == 0 {
+            return (&[], &[]);
+        }
+        (
+            std::slice::from_raw_parts((*f).dimensions, nd),
+            std::slice::from_raw_parts((*f).strides, nd),
+        )
+    }
+}
+
 /// NumPy's contiguity and alignment flags for one layout, as `PyArray_UpdateFlags` last computed
 /// them on this thread (`tensor::spare` keeps one): the flags are a function of the dtype, the
 /// shape, the strides and the data address modulo the dtype's alignment (a power of two, at most
@@ -250,23 +273,11 @@ impl<'py> ViewParts<'_, 'py> {
         }
         // Written through the raw pointers only (NumPy writes the root's flags too).
         let root = self.root;
-        // SAFETY: as above (the arrays are the caller's alone); read only.
-        let (descr, dims, strides) = unsafe {
-            let f = &(*root).array.fields;
-            (f.descr, f.dimensions, f.strides)
-        };
-        let rank = t.rank();
-        let (dims, strides): (&[npy_intp], &[npy_intp]) = if rank == 0 {
-            (&[], &[]) // the pointers may be null then
-        } else {
-            // SAFETY: `dimensions` and `strides` hold `rank` entries each, written above; only
-            // read (by NumPy too) while the slices live.
-            unsafe {
-                (
-                    std::slice::from_raw_parts(dims, rank),
-                    std::slice::from_raw_parts(strides, rank),
-                )
-            }
+        // SAFETY: as above (the arrays are the caller's alone, of the tensor's rank); read only
+        // (by NumPy too) while the slices live.
+        let (descr, (dims, strides)) = unsafe {
+            let f = &raw const (*root).array.fields;
+            ((*f).descr, dims_and_strides(f))
         };
         let offset = p.data % 64;
         let flags = match memo {

@@ -166,17 +166,8 @@ pub(crate) fn unchanged_view(
     if nd != rank {
         return None;
     }
-    let (dims, strides): (&[npy_intp], &[npy_intp]) = if nd == 0 {
-        (&[], &[]) // the pointers may be null then
-    } else {
-        // SAFETY: `dimensions` and `strides` of a live array hold `nd` entries each.
-        unsafe {
-            (
-                std::slice::from_raw_parts(view.fields.dimensions, nd),
-                std::slice::from_raw_parts(view.fields.strides, nd),
-            )
-        }
-    };
+    // SAFETY: `view` is a live array, only read while it is borrowed.
+    let (dims, strides) = unsafe { crate::bridge::ndarray::dims_and_strides(&view.fields) };
     let same = t.dims().iter().zip(dims).all(|(&d, &n)| d as isize == n)
         && t.stride()
             .iter()
